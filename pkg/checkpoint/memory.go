@@ -1,0 +1,49 @@
+package checkpoint
+
+import (
+	"context"
+	"sync"
+)
+
+// MemoryStore keeps snapshots in process memory: for tests and the demo, where
+// the state needs to survive a rebalance inside one process but not a restart.
+type MemoryStore struct {
+	mu    sync.Mutex
+	snaps map[Key][2][]byte // newest, previous (framed)
+}
+
+// NewMemoryStore returns an empty store.
+func NewMemoryStore() *MemoryStore { return &MemoryStore{snaps: make(map[Key][2][]byte)} }
+
+// Save implements Store.
+func (s *MemoryStore) Save(_ context.Context, key Key, snap Snapshot) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.snaps[key] = [2][]byte{Encode(snap), s.snaps[key][0]}
+	return nil
+}
+
+// Load implements Store.
+func (s *MemoryStore) Load(_ context.Context, key Key) (Loaded, error) {
+	s.mu.Lock()
+	pair, ok := s.snaps[key]
+	s.mu.Unlock()
+	if !ok {
+		return Loaded{}, ErrNotFound
+	}
+	snap, err := Decode(pair[0])
+	if err == nil {
+		return Loaded{Snapshot: snap}, nil
+	}
+	if pair[1] == nil {
+		return Loaded{}, err
+	}
+	prev, errPrev := Decode(pair[1])
+	if errPrev != nil {
+		return Loaded{}, err
+	}
+	return Loaded{Snapshot: prev, FellBack: true, CorruptErr: err}, nil
+}
+
+// Close implements Store.
+func (s *MemoryStore) Close() error { return nil }

@@ -1,0 +1,123 @@
+// Package metrics defines every Prometheus collector the service exports, in one
+// place, registered once on a registry the caller passes in.
+//
+// Labels are bounded: partition and dead-letter reason, never an entity. The
+// metrics therefore carry no entity data and are safe to expose.
+package metrics
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Metrics holds the service's collectors.
+type Metrics struct {
+	RecordsIn         *prometheus.CounterVec
+	Features          *prometheus.CounterVec
+	DeadLetters       *prometheus.CounterVec
+	LateApplied       *prometheus.CounterVec
+	ReorderBuffer     *prometheus.GaugeVec
+	WatermarkLag      *prometheus.GaugeVec
+	Latency           prometheus.Histogram
+	Entities          *prometheus.GaugeVec
+	EntitiesEvicted   *prometheus.CounterVec
+	CheckpointSeconds prometheus.Histogram
+	CheckpointBytes   *prometheus.GaugeVec
+	CheckpointErrors  prometheus.Counter
+	SnapshotFallbacks prometheus.Counter
+	CommitErrors      prometheus.Counter
+	ProduceErrors     prometheus.Counter
+	PausedPartitions  prometheus.Gauge
+	ConsumerLag       *prometheus.GaugeVec
+	AssignedPartition prometheus.Gauge
+}
+
+// New creates the collectors and registers them (plus the Go and process
+// collectors) on reg.
+func New(reg prometheus.Registerer) *Metrics {
+	part := []string{"partition"}
+	m := &Metrics{
+		RecordsIn: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "velocity_records_in_total", Help: "Input records consumed, by partition.",
+		}, part),
+		Features: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "velocity_features_total", Help: "Features records produced, by partition.",
+		}, part),
+		DeadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "velocity_dead_letters_total", Help: "Dead letters produced, by reason (decode, invalid:<field>, late, duplicate, too_large).",
+		}, []string{"reason"}),
+		LateApplied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "velocity_late_applied_total", Help: "Late events counted anyway under --late=apply, by partition.",
+		}, part),
+		ReorderBuffer: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "velocity_reorder_buffer_events", Help: "Events waiting in the reorder buffer, by partition.",
+		}, part),
+		WatermarkLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "velocity_watermark_lag_seconds", Help: "Wall clock minus the partition's event-time watermark.",
+		}, part),
+		Latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "velocity_event_to_feature_latency_seconds",
+			Help:    "Time from a record's arrival at the consumer to its features record being acknowledged by the broker.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		Entities: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "velocity_entities", Help: "Entities tracked in the window table, by partition.",
+		}, part),
+		EntitiesEvicted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "velocity_entities_evicted_total", Help: "Entities evicted: cause=idle (all windows empty) or cap (--max-entities).",
+		}, []string{"cause"}),
+		CheckpointSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "velocity_checkpoint_duration_seconds", Help: "Time to flush, snapshot and commit one partition.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+		}),
+		CheckpointBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "velocity_checkpoint_size_bytes", Help: "Size of the partition's last snapshot.",
+		}, part),
+		CheckpointErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "velocity_checkpoint_errors_total", Help: "Snapshot saves that failed (the offset was not committed).",
+		}),
+		SnapshotFallbacks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "velocity_snapshot_fallbacks_total", Help: "Restores that found the newest snapshot corrupt and used the previous one.",
+		}),
+		CommitErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "velocity_commit_errors_total", Help: "Offset commits that failed.",
+		}),
+		ProduceErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "velocity_produce_errors_total", Help: "Produce requests that failed after the client's retries (each stops the service).",
+		}),
+		PausedPartitions: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "velocity_paused_partitions", Help: "Partitions whose fetching is paused for backpressure.",
+		}),
+		ConsumerLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "velocity_consumer_lag_records", Help: "High watermark minus the next offset to process, by partition.",
+		}, part),
+		AssignedPartition: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "velocity_assigned_partitions", Help: "Input partitions currently assigned to this instance.",
+		}),
+	}
+	reg.MustRegister(
+		m.RecordsIn, m.Features, m.DeadLetters, m.LateApplied, m.ReorderBuffer, m.WatermarkLag,
+		m.Latency, m.Entities, m.EntitiesEvicted, m.CheckpointSeconds, m.CheckpointBytes,
+		m.CheckpointErrors, m.SnapshotFallbacks, m.CommitErrors, m.ProduceErrors,
+		m.PausedPartitions, m.ConsumerLag, m.AssignedPartition,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return m
+}
+
+// Partition formats a partition number as a label value.
+func Partition(p int32) string { return strconv.Itoa(int(p)) }
+
+// ForgetPartition removes a partition's series when it is revoked, so a
+// rebalanced-away partition does not keep reporting stale gauges.
+func (m *Metrics) ForgetPartition(p int32) {
+	l := prometheus.Labels{"partition": Partition(p)}
+	m.ReorderBuffer.Delete(l)
+	m.WatermarkLag.Delete(l)
+	m.Entities.Delete(l)
+	m.CheckpointBytes.Delete(l)
+	m.ConsumerLag.Delete(l)
+}

@@ -1,0 +1,219 @@
+// Package sink publishes features records and dead letters to Kafka and lets a
+// partition wait until everything it produced has been acknowledged.
+//
+// It wraps one franz-go producer client (idempotent, acks=all). Each input
+// partition produces through its own Tracker; Tracker.Flush waits only for that
+// partition's records, which is what the checkpoint protocol needs ("flush the
+// outputs of offsets before next, then snapshot, then commit"), without stalling
+// the other partitions. A produce that fails after the client's own retries is
+// never swallowed: it is kept as the Tracker's error, returned by Flush and Err,
+// and the caller stops the service so the partition restarts from its last
+// checkpoint.
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+)
+
+// Producer is the subset of *kgo.Client the sink uses (a test can fake it).
+type Producer interface {
+	Produce(ctx context.Context, r *kgo.Record, promise func(*kgo.Record, error))
+}
+
+// Sink publishes to the output and dead-letter topics.
+type Sink struct {
+	prod        Producer
+	outputTopic string
+	dlqTopic    string
+	host        []byte
+	recs        sync.Pool
+}
+
+// New returns a Sink producing through prod. host is recorded in a header of
+// every features record (processing facts go in headers, never in values).
+func New(prod Producer, outputTopic, dlqTopic, host string) *Sink {
+	s := &Sink{prod: prod, outputTopic: outputTopic, dlqTopic: dlqTopic, host: []byte(host)}
+	s.recs.New = func() any { return new(kgo.Record) }
+	return s
+}
+
+// ProducerOpts are the options the sink's client must have: idempotent writes
+// with acks from all in-sync replicas, so a retried produce is not duplicated.
+func ProducerOpts() []kgo.Opt {
+	return []kgo.Opt{
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.ProducerLinger(2 * time.Millisecond),
+		kgo.ProducerBatchCompression(kgo.Lz4Compression(), kgo.NoCompression()),
+		kgo.RecordDeliveryTimeout(2 * time.Minute),
+		kgo.MaxBufferedBytes(64 << 20),
+	}
+}
+
+// Header names on features records. Dead-letter headers are in pkg/codec.
+const (
+	HeaderEmittedAt = "velocity.emitted_at" // Unix ms when the features record was produced
+	HeaderHost      = "velocity.host"
+)
+
+// Tracker counts one input partition's in-flight records.
+type Tracker struct {
+	sink     *Sink
+	inflight atomic.Int64
+	bytes    atomic.Int64
+	mu       sync.Mutex
+	cond     *sync.Cond
+	err      error
+	// arena holds copies of keys and values for records in flight: one
+	// allocation per chunk instead of two per record.
+	arena []byte
+	// onAck is called for every acknowledged features record with its arrival
+	// stamp (Unix ns), for the latency histogram. May be nil.
+	onAck func(arrival int64)
+}
+
+const arenaChunk = 256 << 10
+
+// NewTracker returns a tracker for one input partition.
+func (s *Sink) NewTracker(onAck func(arrival int64)) *Tracker {
+	t := &Tracker{sink: s, onAck: onAck}
+	t.cond = sync.NewCond(&t.mu)
+	return t
+}
+
+func (t *Tracker) copyBytes(b []byte) []byte {
+	if len(b) > arenaChunk/4 {
+		return append([]byte(nil), b...)
+	}
+	if cap(t.arena)-len(t.arena) < len(b) {
+		t.arena = make([]byte, 0, arenaChunk)
+	}
+	at := len(t.arena)
+	t.arena = append(t.arena, b...)
+	return t.arena[at:len(t.arena):len(t.arena)]
+}
+
+// Features produces one features record. key and value are copied.
+func (t *Tracker) Features(key, value []byte, arrival int64) {
+	r := t.sink.recs.Get().(*kgo.Record)
+	*r = kgo.Record{
+		Topic: t.sink.outputTopic,
+		Key:   t.copyBytes(key),
+		Value: t.copyBytes(value),
+		Headers: []kgo.RecordHeader{
+			{Key: HeaderEmittedAt, Value: strconv.AppendInt(nil, time.Now().UnixMilli(), 10)},
+			{Key: HeaderHost, Value: t.sink.host},
+		},
+	}
+	t.produce(r, arrival)
+}
+
+// DeadLetter describes one record for the dead-letter topic.
+type DeadLetter struct {
+	Key, Value      []byte // the original bytes, unchanged
+	Reason          codec.Reason
+	Err             string
+	SourceTopic     string
+	SourcePartition int32
+	SourceOffset    int64
+}
+
+// Dead produces one dead letter with the contract's headers. Bytes are copied.
+func (t *Tracker) Dead(d DeadLetter) {
+	r := t.sink.recs.Get().(*kgo.Record)
+	*r = kgo.Record{
+		Topic: t.sink.dlqTopic,
+		Key:   t.copyBytes(d.Key),
+		Value: t.copyBytes(d.Value),
+		Headers: []kgo.RecordHeader{
+			{Key: codec.HeaderReason, Value: []byte(d.Reason)},
+			{Key: codec.HeaderError, Value: []byte(d.Err)},
+			{Key: codec.HeaderSourceTopic, Value: []byte(d.SourceTopic)},
+			{Key: codec.HeaderSourcePartition, Value: strconv.AppendInt(nil, int64(d.SourcePartition), 10)},
+			{Key: codec.HeaderSourceOffset, Value: strconv.AppendInt(nil, d.SourceOffset, 10)},
+		},
+	}
+	if d.Key == nil {
+		r.Key = nil
+	}
+	t.produce(r, -1)
+}
+
+func (t *Tracker) produce(r *kgo.Record, arrival int64) {
+	size := int64(len(r.Key) + len(r.Value))
+	t.inflight.Add(1)
+	t.bytes.Add(size)
+	// The context is Background on purpose: a record handed to the client must
+	// either be acknowledged or fail through the promise, never be abandoned by
+	// a cancelled context while the checkpoint believes it is in flight.
+	t.sink.prod.Produce(context.Background(), r, func(r *kgo.Record, err error) {
+		if err != nil {
+			t.mu.Lock()
+			if t.err == nil {
+				t.err = fmt.Errorf("produce to %s: %w", r.Topic, err)
+			}
+			t.mu.Unlock()
+		} else if arrival > 0 && t.onAck != nil {
+			t.onAck(arrival)
+		}
+		*r = kgo.Record{}
+		t.sink.recs.Put(r)
+		t.bytes.Add(-size)
+		if t.inflight.Add(-1) == 0 {
+			t.mu.Lock()
+			t.cond.Broadcast()
+			t.mu.Unlock()
+		}
+	})
+}
+
+// PendingBytes is the size of this partition's records not yet acknowledged.
+func (t *Tracker) PendingBytes() int64 { return t.bytes.Load() }
+
+// Err returns the first produce failure, if any.
+func (t *Tracker) Err() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.err
+}
+
+// ErrFlushTimeout is returned by Flush when ctx ends before every record is acknowledged.
+var ErrFlushTimeout = errors.New("sink: flush interrupted before all records were acknowledged")
+
+// Flush waits until every record produced through t has been acknowledged or
+// failed, then returns the first failure. It returns ErrFlushTimeout (wrapped
+// with ctx's error) if ctx ends first.
+func (t *Tracker) Flush(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		t.mu.Lock()
+		for t.inflight.Load() > 0 && ctx.Err() == nil {
+			t.cond.Wait()
+		}
+		t.mu.Unlock()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.mu.Lock()
+		t.cond.Broadcast() // let the waiter see ctx is done and exit
+		t.mu.Unlock()
+		<-done
+	}
+	if err := t.Err(); err != nil {
+		return err
+	}
+	if t.inflight.Load() > 0 {
+		return fmt.Errorf("%w: %w", ErrFlushTimeout, ctx.Err())
+	}
+	return nil
+}
