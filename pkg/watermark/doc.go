@@ -1,0 +1,80 @@
+// Package watermark turns one partition's arrival order into event-time order.
+//
+// A Stage owns, for one partition, the state behind DESIGN.md "Semantics":
+//
+//   - maxSeen, the largest event time of the events it accepted, and the watermark
+//     wm = maxSeen − AllowedLateness. Rejected events never move it.
+//   - the reorder buffer: accepted events wait there until the watermark passes them
+//     (EventTime ≤ wm) and are then released in (EventTime, Offset) order. The buffer is
+//     a binary min-heap (in the manner of container/heap, but typed, so that nothing is
+//     boxed) keyed by (EventTime, Offset, arrival number); the arrival number only breaks
+//     ties between equal (EventTime, Offset) pairs, which Kafka never produces, so that
+//     even a caller that repeats an offset gets a deterministic order.
+//   - the dedupe set: the ids of events accepted within the dedupe horizon.
+//
+// Offer checks an event in the contract's order: duplicate first, then late. An event
+// is late when EventTime < wm; an event exactly at the watermark is not late and is
+// releasable at once.
+//
+// # Fast path
+//
+// When the buffer is empty and an accepted event is already releasable (the usual case
+// with AllowedLateness 0 and in-order input) the event skips the heap and waits in a
+// small FIFO that Ready drains; Ready merges that FIFO with the heap, so the release order
+// is the same as if every event had gone through the heap.
+//
+// # Duplicates
+//
+// An event is a duplicate when an event with the same EventID was accepted (released or
+// still pending) on this Stage, or passed to Remember, with an event time t0 that is
+// still inside the horizon: t0 ≥ maxSeen − DedupeHorizon (default 24 h). Expiry is
+// driven by event time only, never by the wall clock, so replays decide exactly as the
+// live run did.
+//
+// The set stores a 128-bit XXH3 hash of each id (github.com/zeebo/xxh3, a fixed,
+// unseeded, platform-independent function), not the id itself: memory is a fixed 24
+// bytes per id plus map overhead whatever the id length, and the set never retains the
+// caller's strings. The price is that two different ids could collide and the second be
+// reported as a duplicate. For n ids alive inside one horizon the chance that any pair
+// collides is about n²/2¹²⁹: for a billion ids in a day, about 1.5·10⁻²¹. XXH3 is not a
+// cryptographic hash, so this bound assumes ids are not crafted to collide; ids are
+// minted by the payment system, not by the people the features score. A process-seeded
+// hash (hash/maphash) is deliberately not used: snapshots must decode identically in
+// another process on another machine.
+//
+// The ids are also kept in a FIFO in acceptance order; whenever maxSeen advances, ids
+// at the head whose event time fell out of the horizon are dropped. Memory is therefore
+// bounded by the ids accepted within roughly DedupeHorizon + AllowedLateness of event
+// time. Lookups check the stored event time too, so an expired id that is still waiting
+// behind a younger head is already treated as absent.
+//
+// # Idle release
+//
+// With an IdleTimeout, Idle releases everything pending once no Offer has been made for
+// that long. This is the one place where wall-clock time enters (through Config.Now, so
+// tests control it); it is meant for live mode only. Idle release does not move the
+// watermark, so an event that arrives afterwards, is not late and is older than an event
+// released by Idle is released after it: release order is sorted between idle releases,
+// not across them.
+//
+// # Backpressure
+//
+// Pressure reports hysteresis over the pending count and pending bytes (Event.Size). The
+// Stage never drops or refuses an accepted event; pausing the source is the caller's job.
+//
+// # Snapshots
+//
+// AppendSnapshot writes a versioned, CRC-32C checksummed binary image: maxSeen, the
+// pressure flag, every pending event with all its fields in release order, and the live
+// dedupe entries in acceptance order. The image is a function of the logical state
+// only (heap layout and already expired ids do not appear), so a restored Stage writes
+// the same bytes and makes the same future decisions as the one that was never
+// interrupted. Restore rejects anything it cannot fully validate with an error; it never
+// panics and never returns a half-loaded Stage.
+//
+// # What it is not for
+//
+// It knows nothing of Kafka, decoding, windows or entities (EntityID, Amount and Aux are
+// carried, not read). It is not safe for concurrent use: one goroutine owns one
+// partition's Stage, as the pipeline owns one partition.
+package watermark

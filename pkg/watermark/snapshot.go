@@ -1,0 +1,264 @@
+package watermark
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"slices"
+)
+
+// Snapshot layout, version 1, all integers little-endian:
+//
+//	"VCWM" version:u8 flags:u8 (bit 0 hasMax, bit 1 pressure) maxSeen:i64
+//	pending:u32, then per event in release order:
+//	    offset:i64 eventTime:i64 amount:i64 aux:i64 size:i32
+//	    len(eventID):u32 eventID len(entityID):u32 entityID
+//	ids:u32, then per live id in acceptance order: hashHi:u64 hashLo:u64 eventTime:i64
+//	crc32c:u32 over every byte before it
+//
+// Configuration is not stored: lateness, horizon and marks come from the Config passed to
+// Restore, so an operator may change them across a restart.
+const (
+	snapMagic     = "VCWM"
+	snapVersion   = 1
+	flagHasMax    = 1 << 0
+	flagPressure  = 1 << 1
+	snapHeaderLen = len(snapMagic) + 1 + 1 + 8
+	eventMinLen   = 4*8 + 4 + 4 + 4
+	idEntryLen    = 8 + 8 + 8
+	crcLen        = 4
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// AppendSnapshot appends the stage's state to dst. The bytes depend only on the logical
+// state (see the package documentation), so the same history gives the same bytes, and
+// a restored stage snapshots to exactly the bytes it was restored from.
+func (s *Stage) AppendSnapshot(dst []byte) []byte {
+	start := len(dst)
+	dst = append(dst, snapMagic...)
+	var flags byte
+	if s.hasMax {
+		flags |= flagHasMax
+	}
+	if s.pressure {
+		flags |= flagPressure
+	}
+	dst = append(dst, snapVersion, flags)
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(s.maxSeen))
+
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(s.Pending()))
+	s.scratch = append(s.scratch[:0], s.heap...)
+	slices.SortFunc(s.scratch, func(a, b item) int {
+		if a.less(&b) {
+			return -1
+		}
+		return 1 // keys are unique thanks to seq
+	})
+	st, hp := s.stagedHead, 0
+	for st < len(s.staged) || hp < len(s.scratch) {
+		if st < len(s.staged) && (hp == len(s.scratch) || !s.scratch[hp].before(&s.staged[st])) {
+			dst = appendEvent(dst, &s.staged[st])
+			st++
+		} else {
+			dst = appendEvent(dst, &s.slab[s.scratch[hp].slot])
+			hp++
+		}
+	}
+
+	countAt := len(dst)
+	dst = binary.LittleEndian.AppendUint32(dst, 0)
+	var n uint32
+	if s.dedupe {
+		for i := 0; i < s.ring.n; i++ {
+			e := s.ring.at(i)
+			// Skip entries superseded by a later acceptance of the same id and entries
+			// already out of the horizon: neither can affect a future decision.
+			if t0, ok := s.ids[e.k]; !ok || t0 != e.t || !s.live(e.t) {
+				continue
+			}
+			dst = binary.LittleEndian.AppendUint64(dst, e.k.hi)
+			dst = binary.LittleEndian.AppendUint64(dst, e.k.lo)
+			dst = binary.LittleEndian.AppendUint64(dst, uint64(e.t))
+			n++
+		}
+	}
+	binary.LittleEndian.PutUint32(dst[countAt:], n)
+
+	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
+}
+
+func appendEvent(dst []byte, ev *Event) []byte {
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(ev.Offset))
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(ev.EventTime))
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(ev.Amount))
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(ev.Aux))
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(ev.Size))
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(ev.EventID)))
+	dst = append(dst, ev.EventID...)
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(ev.EntityID)))
+	return append(dst, ev.EntityID...)
+}
+
+// reader decodes with strict bounds: every read checks the remaining length, so a
+// truncated or altered input becomes an error, never an out-of-range panic.
+type reader struct {
+	b   []byte
+	err error
+}
+
+func (r *reader) fail(format string, args ...any) {
+	if r.err == nil {
+		r.err = fmt.Errorf("%w: %s", ErrCorrupt, fmt.Sprintf(format, args...))
+	}
+}
+
+func (r *reader) take(n int, what string) []byte {
+	if r.err != nil {
+		return nil
+	}
+	if n < 0 || n > len(r.b) {
+		r.fail("%s needs %d bytes, %d left", what, n, len(r.b))
+		return nil
+	}
+	p := r.b[:n]
+	r.b = r.b[n:]
+	return p
+}
+
+func (r *reader) u32(what string) uint32 {
+	if p := r.take(4, what); p != nil {
+		return binary.LittleEndian.Uint32(p)
+	}
+	return 0
+}
+
+func (r *reader) u64(what string) uint64 {
+	if p := r.take(8, what); p != nil {
+		return binary.LittleEndian.Uint64(p)
+	}
+	return 0
+}
+
+func (r *reader) str(what string) string {
+	n := r.u32(what + " length")
+	return string(r.take(int(n), what))
+}
+
+// Restore rebuilds a Stage from AppendSnapshot output, with behaviour set by cfg. Any
+// input it cannot fully validate (wrong magic or version, bad checksum, truncation,
+// trailing bytes, unsorted events, repeated ids) is an error wrapping ErrCorrupt; it
+// never panics and never returns a partly loaded stage. Ids outside cfg's horizon are
+// dropped, since they could not affect a decision.
+func Restore(cfg Config, data []byte) (*Stage, error) {
+	s, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if len(data) < snapHeaderLen+4+4+crcLen {
+		return nil, fmt.Errorf("restore watermark: %w: %d bytes is shorter than any snapshot", ErrCorrupt, len(data))
+	}
+	body := data[:len(data)-crcLen]
+	if got, want := crc32.Checksum(body, castagnoli), binary.LittleEndian.Uint32(data[len(body):]); got != want {
+		return nil, fmt.Errorf("restore watermark: %w: checksum %08x, stored %08x", ErrCorrupt, got, want)
+	}
+	if string(body[:len(snapMagic)]) != snapMagic {
+		return nil, fmt.Errorf("restore watermark: %w: not a watermark snapshot (magic %q)", ErrCorrupt, body[:len(snapMagic)])
+	}
+	if v := body[len(snapMagic)]; v != snapVersion {
+		return nil, fmt.Errorf("restore watermark: %w: version %d, this build reads only %d", ErrCorrupt, v, snapVersion)
+	}
+	if err := s.decode(body[len(snapMagic)+1:]); err != nil {
+		return nil, fmt.Errorf("restore watermark: %w", err)
+	}
+	return s, nil
+}
+
+func (s *Stage) decode(b []byte) error {
+	r := &reader{b: b}
+	var flags byte
+	if p := r.take(1, "flags"); p != nil {
+		flags = p[0]
+	}
+	if flags&^(flagHasMax|flagPressure) != 0 {
+		r.fail("unknown flags %#x", flags)
+	}
+	s.hasMax = flags&flagHasMax != 0
+	s.pressure = flags&flagPressure != 0
+	s.maxSeen = int64(r.u64("max seen"))
+	if !s.hasMax && s.maxSeen != 0 {
+		r.fail("max seen %d without the has-max flag", s.maxSeen)
+	}
+
+	np := r.u32("pending count")
+	if r.err == nil && uint64(np) > uint64(len(r.b)/eventMinLen) {
+		r.fail("pending count %d cannot fit in %d bytes", np, len(r.b))
+	}
+	if r.err == nil && np > 0 && !s.hasMax {
+		r.fail("%d pending events without a max seen", np)
+	}
+	if r.err != nil {
+		return r.err
+	}
+	s.slab = make([]Event, 0, np)
+	s.heap = make([]item, 0, np)
+	for i := 0; i < int(np) && r.err == nil; i++ {
+		var ev Event
+		ev.Offset = int64(r.u64("offset"))
+		ev.EventTime = int64(r.u64("event time"))
+		ev.Amount = int64(r.u64("amount"))
+		ev.Aux = int64(r.u64("aux"))
+		ev.Size = int32(r.u32("size"))
+		ev.EventID = r.str("event id")
+		ev.EntityID = r.str("entity id")
+		if r.err != nil {
+			break
+		}
+		if ev.EventTime > s.maxSeen {
+			r.fail("pending event at %d is after max seen %d", ev.EventTime, s.maxSeen)
+			break
+		}
+		if i > 0 {
+			p := &s.slab[i-1]
+			if ev.EventTime < p.EventTime || ev.EventTime == p.EventTime && ev.Offset < p.Offset {
+				r.fail("pending events out of order at %d", i)
+				break
+			}
+		}
+		s.slab = append(s.slab, ev)
+		// Sorted keys with increasing seq already satisfy the heap invariant.
+		s.heap = append(s.heap, item{t: ev.EventTime, off: ev.Offset, seq: uint64(i), slot: int32(i)})
+		s.pendingBytes += eventBytes(&ev)
+	}
+	s.seq = uint64(np)
+
+	ni := r.u32("id count")
+	if r.err == nil && uint64(ni)*idEntryLen != uint64(len(r.b)) {
+		r.fail("id count %d does not match the %d bytes left", ni, len(r.b))
+	}
+	if r.err != nil {
+		return r.err
+	}
+	seen := make(map[idKey]struct{}, ni)
+	for range ni {
+		k := idKey{hi: r.u64("id hash"), lo: r.u64("id hash")}
+		t := int64(r.u64("id time"))
+		if _, dup := seen[k]; dup {
+			r.fail("id %016x%016x appears twice", k.hi, k.lo)
+			break
+		}
+		seen[k] = struct{}{}
+		if s.dedupe && s.live(t) {
+			s.ids[k] = t
+			s.ring.push(idEntry{k: k, t: t})
+		}
+	}
+	if r.err != nil {
+		return r.err
+	}
+	if len(r.b) != 0 {
+		return fmt.Errorf("%w: %d trailing bytes", ErrCorrupt, len(r.b))
+	}
+	s.updatePressure() // a no-op under the same marks; applies new marks after a change
+	return nil
+}

@@ -1,0 +1,379 @@
+package watermark
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Event is one record as the stage sees it. Only Offset, EventTime, EventID and Size are
+// read; the other fields travel with the event and through snapshots unchanged.
+type Event struct {
+	Offset    int64 // position in the partition; ties in EventTime break by Offset
+	EventTime int64 // Unix milliseconds
+	EventID   string
+	EntityID  string
+	Amount    int64
+	Size      int32 // bytes charged against the byte bounds (the record's size); negative counts as 0
+	Aux       int64 // opaque to this package (the pipeline stores arrival time), kept in snapshots
+}
+
+// Defaults applied by New for zero Config fields.
+const (
+	DefaultDedupeHorizon int64 = 24 * 60 * 60 * 1000 // 24 h in ms
+	DefaultHighEvents          = 100000
+	DefaultHighBytes     int64 = 64 << 20
+)
+
+// Config configures a Stage. The zero value is valid: no lateness, 24 h dedupe, no idle
+// release, default backpressure marks.
+type Config struct {
+	// AllowedLateness in ms, >= 0: wm = maxSeen − AllowedLateness.
+	AllowedLateness int64
+	// DedupeHorizon in ms; 0 = DefaultDedupeHorizon (24 h), or AllowedLateness if that is
+	// longer. An id is remembered until
+	// maxSeen − DedupeHorizon passes its event time. Must be >= AllowedLateness, or the
+	// resend of an event still waiting in the buffer could be accepted a second time.
+	DedupeHorizon int64
+	// DisableDedupe turns duplicate detection off (Offer never returns Duplicate and
+	// Remember does nothing): for callers that deduplicate upstream, and for measuring.
+	DisableDedupe bool
+	// IdleTimeout: 0 = never idle-release. See Stage.Idle.
+	IdleTimeout time.Duration
+	// Now is the clock behind IdleTimeout; nil = time.Now. It is read only when
+	// IdleTimeout > 0.
+	Now func() time.Time
+	// HighEvents, LowEvents are the backpressure marks on the pending count.
+	// 0 = DefaultHighEvents (100000) and HighEvents/2 (50000 by default).
+	HighEvents, LowEvents int
+	// HighBytes, LowBytes are the marks on pending bytes (sum of Event.Size).
+	// 0 = DefaultHighBytes (64 MiB) and HighBytes/2 (32 MiB by default).
+	HighBytes, LowBytes int64
+}
+
+// Verdict is what Offer decided about an event.
+type Verdict uint8
+
+const (
+	Accepted  Verdict = iota // remembered for dedupe, waiting in the buffer (or releasable)
+	Duplicate                // id already accepted within the dedupe horizon; nothing changed
+	Late                     // EventTime < watermark; nothing changed
+)
+
+func (v Verdict) String() string {
+	switch v {
+	case Accepted:
+		return "accepted"
+	case Duplicate:
+		return "duplicate"
+	case Late:
+		return "late"
+	}
+	return fmt.Sprintf("Verdict(%d)", uint8(v))
+}
+
+// Stage is one partition's watermark, reorder buffer and dedupe set. See the package
+// documentation. Not safe for concurrent use.
+type Stage struct {
+	lateness    int64
+	horizon     int64
+	dedupe      bool
+	idleTimeout time.Duration
+	now         func() time.Time
+	highEvents  int
+	lowEvents   int
+	highBytes   int64
+	lowBytes    int64
+
+	maxSeen int64
+	hasMax  bool
+
+	// Reorder buffer. Invariant: the staged FIFO is sorted, every staged event is at or
+	// below the watermark, and whenever both are non-empty every heap entry arrived after
+	// every staged event (events are staged only while the heap is empty, and Ready
+	// always drains the FIFO). That lets release merge the two with staged-first ties.
+	staged     []Event
+	stagedHead int
+	heap       []item  // min-heap by (t, off, seq); events live in slab
+	slab       []Event // slab[item.slot]; freed slots are zeroed so strings can be collected
+	free       []int32
+	seq        uint64 // arrival number for the next heap entry
+
+	pendingBytes int64
+	pressure     bool
+
+	ids  map[idKey]int64 // hashed event id -> event time of its latest acceptance
+	ring idRing          // acceptance order, for expiry
+
+	lastOffer time.Time
+	scratch   []item // reused by AppendSnapshot
+}
+
+// New returns an empty Stage, or an error naming the first invalid Config field.
+func New(cfg Config) (*Stage, error) {
+	if cfg.AllowedLateness < 0 {
+		return nil, fmt.Errorf("watermark: allowed lateness %d ms is negative; use 0 for none", cfg.AllowedLateness)
+	}
+	if cfg.DedupeHorizon < 0 {
+		return nil, fmt.Errorf("watermark: dedupe horizon %d ms is negative; use 0 for the 24h default", cfg.DedupeHorizon)
+	}
+	if cfg.IdleTimeout < 0 {
+		return nil, fmt.Errorf("watermark: idle timeout %v is negative; use 0 to disable idle release", cfg.IdleTimeout)
+	}
+	s := &Stage{
+		lateness:    cfg.AllowedLateness,
+		horizon:     cfg.DedupeHorizon,
+		dedupe:      !cfg.DisableDedupe,
+		idleTimeout: cfg.IdleTimeout,
+		now:         cfg.Now,
+		highEvents:  cfg.HighEvents,
+		lowEvents:   cfg.LowEvents,
+		highBytes:   cfg.HighBytes,
+		lowBytes:    cfg.LowBytes,
+	}
+	if s.horizon == 0 {
+		s.horizon = max(DefaultDedupeHorizon, s.lateness)
+	}
+	if s.dedupe && s.horizon < s.lateness {
+		return nil, fmt.Errorf("watermark: dedupe horizon %d ms is shorter than the allowed lateness %d ms; "+
+			"a resend of a pending event could be accepted twice, so raise the horizon", s.horizon, s.lateness)
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.highEvents == 0 {
+		s.highEvents = DefaultHighEvents
+	}
+	if s.lowEvents == 0 {
+		s.lowEvents = s.highEvents / 2
+	}
+	if s.highBytes == 0 {
+		s.highBytes = DefaultHighBytes
+	}
+	if s.lowBytes == 0 {
+		s.lowBytes = s.highBytes / 2
+	}
+	if s.highEvents < 0 || s.lowEvents < 0 || s.lowEvents > s.highEvents {
+		return nil, fmt.Errorf("watermark: event marks low %d / high %d must satisfy 0 <= low <= high", s.lowEvents, s.highEvents)
+	}
+	if s.highBytes < 0 || s.lowBytes < 0 || s.lowBytes > s.highBytes {
+		return nil, fmt.Errorf("watermark: byte marks low %d / high %d must satisfy 0 <= low <= high", s.lowBytes, s.highBytes)
+	}
+	if s.dedupe {
+		s.ids = make(map[idKey]int64)
+	}
+	if s.idleTimeout > 0 {
+		// Creation counts as activity: a fresh or restored stage waits a full timeout.
+		s.lastOffer = s.now()
+	}
+	return s, nil
+}
+
+// satSub returns a − b for b >= 0, clamped at math.MinInt64 rather than wrapping, so
+// that an absurd event time cannot turn the watermark into a huge positive number.
+func satSub(a, b int64) int64 {
+	if a < math.MinInt64+b {
+		return math.MinInt64
+	}
+	return a - b
+}
+
+func eventBytes(ev *Event) int64 {
+	if ev.Size < 0 {
+		return 0
+	}
+	return int64(ev.Size)
+}
+
+// Watermark returns maxSeen − AllowedLateness; ok is false before any accepted event.
+func (s *Stage) Watermark() (wm int64, ok bool) {
+	if !s.hasMax {
+		return 0, false
+	}
+	return satSub(s.maxSeen, s.lateness), true
+}
+
+// MaxSeen returns the largest event time accepted so far; ok is false before any.
+func (s *Stage) MaxSeen() (int64, bool) { return s.maxSeen, s.hasMax }
+
+// Pending returns how many accepted events wait to be released.
+func (s *Stage) Pending() int { return len(s.staged) - s.stagedHead + len(s.heap) }
+
+// PendingBytes returns the sum of Size over the pending events.
+func (s *Stage) PendingBytes() int64 { return s.pendingBytes }
+
+// Pressure reports whether the caller should stop feeding this stage: it becomes true
+// once Pending() > HighEvents or PendingBytes() > HighBytes, and false again only once
+// Pending() < LowEvents and PendingBytes() < LowBytes. The gap between the marks keeps a
+// paused partition from flapping on every event.
+func (s *Stage) Pressure() bool { return s.pressure }
+
+func (s *Stage) updatePressure() {
+	n := s.Pending()
+	if s.pressure {
+		if n < s.lowEvents && s.pendingBytes < s.lowBytes {
+			s.pressure = false
+		}
+	} else if n > s.highEvents || s.pendingBytes > s.highBytes {
+		s.pressure = true
+	}
+}
+
+// Offer classifies ev in the contract's order (duplicate, then late). Accepted events are
+// remembered for dedupe, move maxSeen, and wait in the buffer until Ready releases them.
+// Duplicate and Late events change nothing, except that any Offer counts as activity for
+// the idle timeout: the partition did deliver something.
+func (s *Stage) Offer(ev Event) Verdict {
+	if s.idleTimeout > 0 {
+		s.lastOffer = s.now()
+	}
+	var k idKey
+	if s.dedupe {
+		k = hashID(ev.EventID)
+		if t0, ok := s.ids[k]; ok && s.live(t0) {
+			return Duplicate
+		}
+	}
+	if s.hasMax && ev.EventTime < satSub(s.maxSeen, s.lateness) {
+		return Late
+	}
+	if !s.hasMax || ev.EventTime > s.maxSeen {
+		s.maxSeen = ev.EventTime
+		s.hasMax = true
+		if s.dedupe {
+			s.expire()
+		}
+	}
+	if s.dedupe {
+		// Not live (checked above), so this is a first acceptance or a re-acceptance
+		// after expiry; either way the new time is the one to remember. The time is
+		// >= wm >= maxSeen − horizon (horizon >= lateness), so it is live.
+		s.ids[k] = ev.EventTime
+		s.ring.push(idEntry{k: k, t: ev.EventTime})
+	}
+	s.enqueue(&ev)
+	return Accepted
+}
+
+func (s *Stage) enqueue(ev *Event) {
+	wm := satSub(s.maxSeen, s.lateness)
+	if len(s.heap) == 0 && ev.EventTime <= wm && s.stageable(ev) {
+		s.staged = append(s.staged, *ev)
+	} else {
+		s.push(ev)
+	}
+	s.pendingBytes += eventBytes(ev)
+	if s.pendingBytes > s.highBytes || s.Pending() > s.highEvents || s.pressure {
+		s.updatePressure()
+	}
+}
+
+// stageable reports whether ev can go at the tail of the sorted staged FIFO.
+func (s *Stage) stageable(ev *Event) bool {
+	if s.stagedHead == len(s.staged) {
+		return true
+	}
+	last := &s.staged[len(s.staged)-1]
+	// An equal (t, off) arrived later, so it belongs after: >= keeps arrival order.
+	return ev.EventTime > last.EventTime || ev.EventTime == last.EventTime && ev.Offset >= last.Offset
+}
+
+// Remember records eventID as accepted at eventTime without buffering anything: a late
+// event that was applied anyway (--late=apply) must count as accepted for dedupe. It does
+// not move maxSeen. An id already remembered keeps the later of the two times; a time
+// already outside the horizon is not stored, since a lookup would ignore it.
+func (s *Stage) Remember(eventID string, eventTime int64) {
+	if !s.dedupe {
+		return
+	}
+	if s.hasMax && eventTime < satSub(s.maxSeen, s.horizon) {
+		return
+	}
+	k := hashID(eventID)
+	if t0, ok := s.ids[k]; ok && s.live(t0) && t0 >= eventTime {
+		return
+	}
+	s.ids[k] = eventTime
+	s.ring.push(idEntry{k: k, t: eventTime})
+}
+
+// live reports whether an id accepted at t0 is still inside the dedupe horizon.
+func (s *Stage) live(t0 int64) bool {
+	return !s.hasMax || t0 >= satSub(s.maxSeen, s.horizon)
+}
+
+// expire drops ids at the head of the acceptance FIFO that fell out of the horizon. It
+// deletes the map entry only if that entry is itself expired: the id may have been
+// accepted again later, and then a younger FIFO entry still stands for it.
+func (s *Stage) expire() {
+	floor := satSub(s.maxSeen, s.horizon)
+	for s.ring.n > 0 {
+		e := s.ring.front()
+		if e.t >= floor {
+			return
+		}
+		s.ring.pop()
+		if t0, ok := s.ids[e.k]; ok && t0 < floor {
+			delete(s.ids, e.k)
+		}
+	}
+}
+
+// Ready appends to dst every pending event with EventTime <= watermark, in (EventTime,
+// Offset) order, removes them from the buffer and returns the extended slice.
+func (s *Stage) Ready(dst []Event) []Event {
+	if !s.hasMax {
+		return dst
+	}
+	return s.release(dst, satSub(s.maxSeen, s.lateness), false)
+}
+
+// Idle appends everything pending, sorted, if IdleTimeout > 0 and at least IdleTimeout
+// has passed on the injected clock since the last Offer (or since New/Restore). Call it
+// periodically in live mode; replays use FlushAll at the end of their range instead.
+func (s *Stage) Idle(dst []Event) []Event {
+	if s.idleTimeout <= 0 || s.Pending() == 0 {
+		return dst
+	}
+	if s.now().Sub(s.lastOffer) < s.idleTimeout {
+		return dst
+	}
+	return s.release(dst, 0, true)
+}
+
+// FlushAll appends everything pending in (EventTime, Offset) order and empties the
+// buffer: the end of a replay range, or shutdown. The watermark and dedupe set stay.
+func (s *Stage) FlushAll(dst []Event) []Event {
+	return s.release(dst, 0, true)
+}
+
+// release merges the staged FIFO with the heap entries at or below limit (all of them if
+// all is set). A staged event wins a (t, off) tie because it arrived first.
+func (s *Stage) release(dst []Event, limit int64, all bool) []Event {
+	for {
+		hasStaged := s.stagedHead < len(s.staged)
+		hasHeap := len(s.heap) > 0 && (all || s.heap[0].t <= limit)
+		var ev Event
+		switch {
+		case hasStaged && (!hasHeap || !s.heap[0].before(&s.staged[s.stagedHead])):
+			ev = s.staged[s.stagedHead]
+			s.staged[s.stagedHead] = Event{}
+			s.stagedHead++
+		case hasHeap:
+			ev = s.pop()
+		default:
+			if s.stagedHead == len(s.staged) {
+				s.staged = s.staged[:0]
+				s.stagedHead = 0
+			}
+			s.updatePressure()
+			return dst
+		}
+		s.pendingBytes -= eventBytes(&ev)
+		dst = append(dst, ev)
+	}
+}
+
+// ErrCorrupt is wrapped by every Restore error caused by the snapshot bytes themselves.
+var ErrCorrupt = errors.New("corrupt watermark snapshot")
