@@ -1,0 +1,670 @@
+package window
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+)
+
+var (
+	// ErrExpired: an older event whose bucket is no longer retained in every window.
+	// Counting it would need history the table has already dropped, so nothing changes.
+	ErrExpired = errors.New("window: event is older than the retained buckets")
+	// ErrOverflow: counting the event would overflow an int64 count or sum.
+	ErrOverflow = errors.New("window: count or sum would overflow int64")
+	// ErrInput: the call itself is malformed (negative amount, empty entity id,
+	// event time out of range, out too short). Nothing changes.
+	ErrInput = errors.New("window: invalid input")
+)
+
+// Agg is one window's aggregates. An empty window is all zeros.
+type Agg struct{ Count, Sum, Min, Max int64 }
+
+// Options tune a Table; the zero value is valid.
+type Options struct {
+	// MaxEntities bounds the table: 0 = unlimited; when full, creating an entity
+	// evicts the least recently active one (counted by CapEvictions).
+	MaxEntities int
+	// HistoryTTLMs: 0 = default 7 days. An entity whose newest counted event is older
+	// than (watermark − HistoryTTL) and whose windows are all empty is evicted by
+	// EvictIdle; until then it is kept (as a small header once its windows are empty)
+	// so that ms_since_previous can still be reported.
+	HistoryTTLMs int64
+}
+
+const (
+	defaultHistoryTTLMs = 7 * 24 * 3600 * 1000
+
+	// rawMax is how many retained raw events an entity keeps before switching to
+	// bucket rings. A raw event costs 16 bytes against 40 per bucket per window, so
+	// sparse entities (most cards) stay small; the bound keeps the per-event scan
+	// short (one pass over ≤ rawMax events for all windows).
+	rawMax = 32
+
+	// Event times are restricted to ±2^62 ms (±146 million years) so that bucket
+	// arithmetic such as (k+1)*b and time differences can never wrap.
+	maxTime = 1 << 62
+)
+
+type rawEvent struct{ t, a int64 }
+
+// bucket is one non-empty bucket of a window: index k = floor(t/b) and its totals.
+type bucket struct{ k, cnt, sum, min, max int64 }
+
+// ring holds the non-empty buckets of one window in increasing k, all within
+// [K−N+1, K] where K is the bucket of the entity's newest event (always present, so
+// n ≥ 1). len(buf) is a power of two grown on demand, so a quiet entity pays for the
+// buckets it uses, not for N. cnt/sum/min/max are the running totals over the ring.
+type ring struct {
+	buf                []bucket
+	head, n            int
+	cnt, sum, min, max int64
+}
+
+// entity is one slab record. Exactly one of three shapes:
+//   - raw != nil: sorted raw events (every event still inside some window);
+//   - rings != nil: one ring per window (rings points at the first of them);
+//   - both nil: a header whose windows have emptied (see EvictIdle).
+type entity struct {
+	id     string // "" marks a free slot
+	newest int64  // largest counted event time: defines K for every window
+	prevT  int64  // time of the previous counted event in apply order
+	raw    []rawEvent
+	rings  *ring
+	// LRU links as slot+1 (0 = none); maintained only when MaxEntities > 0, since
+	// they cost two extra cache misses per event on a large table.
+	lruPrev, lruNext uint32
+}
+
+// Table is the per-entity window state of one partition. Not safe for concurrent use.
+type Table struct {
+	specs       []Spec
+	bms         []int64 // bucket width per window
+	nbs         []int64 // buckets per window
+	maxEntities int
+	ttl         int64
+
+	index            map[string]uint32 // id → slot in slab
+	slab             []entity
+	free             []uint32
+	lruHead, lruTail uint32 // slot+1; head = most recently active
+	capEvictions     uint64
+
+	// per-call scratch, sized to the number of windows, so Apply does not allocate
+	lo, hi, flo []int64
+	fsum        []int64
+}
+
+// NewTable makes an empty table for specs (as returned by ParseSpecs).
+func NewTable(specs []Spec, opts Options) (*Table, error) {
+	if err := validSpecs(specs); err != nil {
+		return nil, err
+	}
+	if opts.MaxEntities < 0 || opts.MaxEntities > math.MaxUint32-1 {
+		return nil, fmt.Errorf("window: MaxEntities %d out of range (0 = unlimited)", opts.MaxEntities)
+	}
+	if opts.HistoryTTLMs < 0 {
+		return nil, fmt.Errorf("window: HistoryTTLMs %d must be >= 0 (0 = 7 days)", opts.HistoryTTLMs)
+	}
+	t := &Table{
+		specs:       slices.Clone(specs),
+		maxEntities: opts.MaxEntities,
+		ttl:         opts.HistoryTTLMs,
+		index:       make(map[string]uint32),
+	}
+	if t.ttl == 0 {
+		t.ttl = defaultHistoryTTLMs
+	}
+	nw := len(specs)
+	t.bms = make([]int64, nw)
+	t.nbs = make([]int64, nw)
+	for i, sp := range specs {
+		t.bms[i] = sp.BucketMs
+		t.nbs[i] = int64(sp.Buckets)
+	}
+	t.lo, t.hi, t.flo, t.fsum = make([]int64, nw), make([]int64, nw), make([]int64, nw), make([]int64, nw)
+	return t, nil
+}
+
+// Specs returns the table's windows in output order.
+func (t *Table) Specs() []Spec { return slices.Clone(t.specs) }
+
+// Len is the number of entities held (including header-only ones).
+func (t *Table) Len() int { return len(t.index) }
+
+// CapEvictions is the total number of entities evicted by the MaxEntities cap.
+func (t *Table) CapEvictions() uint64 { return t.capEvictions }
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && a < 0 {
+		q--
+	}
+	return q
+}
+
+// Apply counts one event for entity and writes the aggregates of window i into out[i]
+// (len(out) >= len(specs)), e included. prevGap = t − (event time of the entity's
+// previous counted event, in apply order); hasPrev=false when the entity has no
+// retained previous event.
+//
+// In-order events (eventTime >= the entity's newest event) read buckets k−N+1 … k.
+// An older event lands in its own bucket if that bucket is still retained in every
+// window (k > K−N for each window, K = bucket of the entity's newest event) and reads
+// back buckets max(k−N+1, K−N+1) … k, i.e. what is retained up to its own bucket;
+// otherwise it returns an error wrapping ErrExpired and changes nothing. Buckets are
+// addressed by index, never by ring slot, so an old event cannot touch a newer bucket
+// (the seed library's corruption bug, DESIGN "Lessons" 1).
+//
+// Errors wrap ErrExpired, ErrOverflow or ErrInput; on error nothing changes and out is
+// unspecified.
+func (t *Table) Apply(entity string, eventTime, amount int64, out []Agg) (prevGap int64, hasPrev bool, err error) {
+	nw := len(t.specs)
+	if len(out) < nw {
+		return 0, false, fmt.Errorf("%w: out has %d slots for %d windows", ErrInput, len(out), nw)
+	}
+	if amount < 0 {
+		return 0, false, fmt.Errorf("%w: amount %d is negative", ErrInput, amount)
+	}
+	if eventTime > maxTime || eventTime < -maxTime {
+		return 0, false, fmt.Errorf("%w: event time %d out of range", ErrInput, eventTime)
+	}
+	slot, ok := t.index[entity]
+	if !ok {
+		if entity == "" {
+			return 0, false, fmt.Errorf("%w: empty entity id", ErrInput)
+		}
+		slot = t.create(entity)
+		e := &t.slab[slot]
+		e.newest, e.prevT = eventTime, eventTime
+		e.raw = append(e.raw, rawEvent{eventTime, amount})
+		for i := range nw {
+			out[i] = Agg{1, amount, amount, amount}
+		}
+		return 0, false, nil
+	}
+	e := &t.slab[slot]
+	if eventTime < e.newest {
+		for i, b := range t.bms {
+			if floorDiv(eventTime, b) <= floorDiv(e.newest, b)-t.nbs[i] {
+				return 0, false, fmt.Errorf("%w: entity %q event at %d is in bucket %d of window %s, which left the window of its newest event at %d",
+					ErrExpired, entity, eventTime, floorDiv(eventTime, b), t.specs[i].Name, e.newest)
+			}
+		}
+	}
+	if e.rings == nil && len(e.raw) >= rawMax {
+		t.pruneRaw(e, max(e.newest, eventTime))
+		if len(e.raw) >= rawMax {
+			t.toRings(e)
+		}
+	}
+	if e.rings != nil {
+		err = t.applyRings(e, eventTime, amount, out)
+	} else {
+		err = t.applyRaw(e, eventTime, amount, out)
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	prevGap = eventTime - e.prevT
+	e.prevT = eventTime
+	e.newest = max(e.newest, eventTime)
+	if t.maxEntities > 0 {
+		t.lruUnlink(slot)
+		t.lruPushFront(slot)
+	}
+	return prevGap, true, nil
+}
+
+// ---- raw representation ----
+
+// rawBounds fills per-window time bounds for an event at ts given the entity's newest
+// time: lo/hi is the read-back range [lo, hi), flo the start of the full window
+// relative to max(newest, ts) (to check that the window's own sum cannot overflow).
+func (t *Table) rawBounds(newest, ts int64) {
+	for i, b := range t.bms {
+		n := t.nbs[i]
+		k := floorDiv(ts, b)
+		top := max(k, floorDiv(newest, b))
+		t.flo[i] = (top - n + 1) * b
+		t.lo[i] = t.flo[i]
+		t.hi[i] = math.MaxInt64
+		if ts < newest {
+			t.hi[i] = (k + 1) * b
+		}
+	}
+}
+
+func (t *Table) applyRaw(e *entity, ts, a int64, out []Agg) error {
+	nw := len(t.bms)
+	t.rawBounds(e.newest, ts)
+	older := ts < e.newest
+	minLo := int64(math.MaxInt64)
+	for i := range nw {
+		out[i] = Agg{1, a, a, a}
+		t.fsum[i] = a
+		minLo = min(minLo, t.flo[i])
+	}
+	// One backwards pass computes every window: events are sorted by time, and each
+	// window is a suffix-bounded range of them.
+	for j := len(e.raw) - 1; j >= 0; j-- {
+		ev := e.raw[j]
+		if ev.t < minLo {
+			break
+		}
+		for i := range nw {
+			if older && ev.t >= t.flo[i] {
+				if t.fsum[i] > math.MaxInt64-ev.a {
+					return fmt.Errorf("%w: entity %q window %s", ErrOverflow, e.id, t.specs[i].Name)
+				}
+				t.fsum[i] += ev.a
+			}
+			if ev.t < t.lo[i] || ev.t >= t.hi[i] {
+				continue
+			}
+			o := &out[i]
+			if o.Sum > math.MaxInt64-ev.a {
+				return fmt.Errorf("%w: entity %q window %s", ErrOverflow, e.id, t.specs[i].Name)
+			}
+			o.Count++
+			o.Sum += ev.a
+			o.Min = min(o.Min, ev.a)
+			o.Max = max(o.Max, ev.a)
+		}
+	}
+	if !older {
+		t.pruneRaw(e, ts)
+		e.raw = append(e.raw, rawEvent{ts, a})
+		return nil
+	}
+	// Insert after any equal times: apply order among equal times does not matter
+	// for aggregates, and a stable position keeps snapshots deterministic.
+	j := len(e.raw)
+	for j > 0 && e.raw[j-1].t > ts {
+		j--
+	}
+	e.raw = slices.Insert(e.raw, j, rawEvent{ts, a})
+	return nil
+}
+
+// pruneRaw drops raw events that lie before every window of an event at newest;
+// they can never be read again (older events read back at most to K−N+1).
+func (t *Table) pruneRaw(e *entity, newest int64) {
+	minLo := int64(math.MaxInt64)
+	for i, b := range t.bms {
+		minLo = min(minLo, (floorDiv(newest, b)-t.nbs[i]+1)*b)
+	}
+	j := 0
+	for j < len(e.raw) && e.raw[j].t < minLo {
+		j++
+	}
+	if j > 0 {
+		// Shift down in place rather than reslicing, so the backing array is reused
+		// and a steady entity stops allocating.
+		n := copy(e.raw, e.raw[j:])
+		clear(e.raw[n:])
+		e.raw = e.raw[:n]
+	}
+}
+
+// toRings converts a raw entity to rings. The raw list holds every counted event
+// still inside some window, so each window's ring is exactly rebuilt.
+func (t *Table) toRings(e *entity) {
+	rs := make([]ring, len(t.bms))
+	for i, b := range t.bms {
+		r := &rs[i]
+		lo := floorDiv(e.newest, b) - t.nbs[i] + 1
+		nb := 0
+		last := int64(math.MinInt64)
+		for _, ev := range e.raw {
+			if k := floorDiv(ev.t, b); k >= lo && k != last {
+				nb++
+				last = k
+			}
+		}
+		r.buf = make([]bucket, ringCap(nb+1))
+		for _, ev := range e.raw {
+			k := floorDiv(ev.t, b)
+			if k < lo {
+				continue
+			}
+			if r.n > 0 && r.buf[r.n-1].k == k {
+				bk := &r.buf[r.n-1]
+				bk.cnt++
+				bk.sum += ev.a
+				bk.min = min(bk.min, ev.a)
+				bk.max = max(bk.max, ev.a)
+			} else {
+				r.buf[r.n] = bucket{k, 1, ev.a, ev.a, ev.a}
+				r.n++
+			}
+		}
+		r.recompute()
+	}
+	e.raw = nil
+	e.rings = &rs[0]
+}
+
+func ringCap(n int) int {
+	c := 2
+	for c < n {
+		c *= 2
+	}
+	return c
+}
+
+// ---- ring representation ----
+
+func (t *Table) rings(e *entity) []ring {
+	return unsafeRings(e.rings, len(t.bms))
+}
+
+// recompute rebuilds the running totals from the buckets; used when the expiring
+// bucket held the window's min or max, which running values cannot undo.
+func (r *ring) recompute() {
+	mask := len(r.buf) - 1
+	r.cnt, r.sum, r.min, r.max = 0, 0, math.MaxInt64, math.MinInt64
+	for j := range r.n {
+		bk := &r.buf[(r.head+j)&mask]
+		r.cnt += bk.cnt
+		r.sum += bk.sum
+		r.min = min(r.min, bk.min)
+		r.max = max(r.max, bk.max)
+	}
+	if r.n == 0 {
+		r.min, r.max = 0, 0
+	}
+}
+
+func (r *ring) grow() {
+	nb := make([]bucket, 2*len(r.buf))
+	mask := len(r.buf) - 1
+	for j := range r.n {
+		nb[j] = r.buf[(r.head+j)&mask]
+	}
+	r.buf, r.head = nb, 0
+}
+
+func (t *Table) applyRings(e *entity, ts, a int64, out []Agg) error {
+	rs := t.rings(e)
+	// Amounts are non-negative, so every sum this call produces is at most the
+	// window's running sum plus a: checking that once rules out overflow everywhere.
+	// The exact check (after expiry) only runs when the quick one fails.
+	for i := range rs {
+		r := &rs[i]
+		if r.sum <= math.MaxInt64-a && r.cnt < math.MaxInt64 {
+			continue
+		}
+		sum, cnt := r.sum, r.cnt
+		if ts >= e.newest {
+			lo := floorDiv(ts, t.bms[i]) - t.nbs[i] + 1
+			mask := len(r.buf) - 1
+			for j := range r.n {
+				bk := &r.buf[(r.head+j)&mask]
+				if bk.k >= lo {
+					break
+				}
+				sum -= bk.sum
+				cnt -= bk.cnt
+			}
+		}
+		if sum > math.MaxInt64-a || cnt == math.MaxInt64 {
+			return fmt.Errorf("%w: entity %q window %s", ErrOverflow, e.id, t.specs[i].Name)
+		}
+	}
+	if ts < e.newest {
+		t.applyRingsOlder(rs, ts, a, out)
+		return nil
+	}
+	for i := range rs {
+		r := &rs[i]
+		b := t.bms[i]
+		mask := len(r.buf) - 1
+		last := &r.buf[(r.head+r.n-1)&mask]
+		if ts < (last.k+1)*b {
+			// Fast path: same bucket as the newest event; no division, no expiry.
+			last.cnt++
+			last.sum += a
+			last.min = min(last.min, a)
+			last.max = max(last.max, a)
+			r.cnt++
+			r.sum += a
+			r.min = min(r.min, a)
+			r.max = max(r.max, a)
+		} else {
+			k := floorDiv(ts, b)
+			lo := k - t.nbs[i] + 1
+			stale := false
+			for r.n > 0 && r.buf[r.head].k < lo {
+				old := &r.buf[r.head]
+				r.cnt -= old.cnt
+				r.sum -= old.sum
+				if old.min == r.min || old.max == r.max {
+					stale = true
+				}
+				r.head = (r.head + 1) & mask
+				r.n--
+			}
+			if r.n == len(r.buf) {
+				r.grow()
+				mask = len(r.buf) - 1
+			}
+			r.buf[(r.head+r.n)&mask] = bucket{k, 1, a, a, a}
+			r.n++
+			if stale {
+				r.recompute()
+			} else {
+				r.cnt++
+				r.sum += a
+				r.min = min(r.min, a)
+				r.max = max(r.max, a)
+			}
+		}
+		out[i] = Agg{r.cnt, r.sum, r.min, r.max}
+	}
+	return nil
+}
+
+// applyRingsOlder places an older event in its own bucket (found by index, inserted
+// in order if absent) and reads back the retained buckets up to it.
+func (t *Table) applyRingsOlder(rs []ring, ts, a int64, out []Agg) {
+	for i := range rs {
+		r := &rs[i]
+		k := floorDiv(ts, t.bms[i])
+		mask := len(r.buf) - 1
+		// j: position (0 = oldest) of the first bucket with index > k.
+		j := r.n
+		for j > 0 && r.buf[(r.head+j-1)&mask].k > k {
+			j--
+		}
+		if j > 0 && r.buf[(r.head+j-1)&mask].k == k {
+			bk := &r.buf[(r.head+j-1)&mask]
+			bk.cnt++
+			bk.sum += a
+			bk.min = min(bk.min, a)
+			bk.max = max(bk.max, a)
+		} else {
+			if r.n == len(r.buf) {
+				r.grow()
+				mask = len(r.buf) - 1
+			}
+			for p := r.n; p > j; p-- {
+				r.buf[(r.head+p)&mask] = r.buf[(r.head+p-1)&mask]
+			}
+			r.buf[(r.head+j)&mask] = bucket{k, 1, a, a, a}
+			r.n++
+			j++
+		}
+		r.cnt++
+		r.sum += a
+		r.min = min(r.min, a)
+		r.max = max(r.max, a)
+		// Read back buckets k−N+1 … k among those retained (positions < j).
+		lo := k - t.nbs[i] + 1
+		o := Agg{Min: math.MaxInt64, Max: math.MinInt64}
+		for p := j - 1; p >= 0; p-- {
+			bk := &r.buf[(r.head+p)&mask]
+			if bk.k < lo {
+				break
+			}
+			o.Count += bk.cnt
+			o.Sum += bk.sum
+			o.Min = min(o.Min, bk.min)
+			o.Max = max(o.Max, bk.max)
+		}
+		out[i] = o
+	}
+}
+
+// ---- table maintenance ----
+
+func (t *Table) create(name string) uint32 {
+	if t.maxEntities > 0 && len(t.index) >= t.maxEntities {
+		t.remove(t.lruTail - 1)
+		t.capEvictions++
+	}
+	var slot uint32
+	if n := len(t.free); n > 0 {
+		slot = t.free[n-1]
+		t.free = t.free[:n-1]
+	} else {
+		t.slab = append(t.slab, entity{})
+		slot = uint32(len(t.slab) - 1)
+	}
+	// Clone: the caller's string may alias a reused decode buffer.
+	id := strings.Clone(name)
+	t.slab[slot] = entity{id: id}
+	t.index[id] = slot
+	if t.maxEntities > 0 {
+		t.lruPushFront(slot)
+	}
+	return slot
+}
+
+func (t *Table) remove(slot uint32) {
+	if t.maxEntities > 0 {
+		t.lruUnlink(slot)
+	}
+	delete(t.index, t.slab[slot].id)
+	t.slab[slot] = entity{}
+	t.free = append(t.free, slot)
+}
+
+func (t *Table) lruUnlink(slot uint32) {
+	e := &t.slab[slot]
+	if e.lruPrev != 0 {
+		t.slab[e.lruPrev-1].lruNext = e.lruNext
+	} else {
+		t.lruHead = e.lruNext
+	}
+	if e.lruNext != 0 {
+		t.slab[e.lruNext-1].lruPrev = e.lruPrev
+	} else {
+		t.lruTail = e.lruPrev
+	}
+	e.lruPrev, e.lruNext = 0, 0
+}
+
+func (t *Table) lruPushFront(slot uint32) {
+	e := &t.slab[slot]
+	e.lruPrev = 0
+	e.lruNext = t.lruHead
+	if t.lruHead != 0 {
+		t.slab[t.lruHead-1].lruPrev = slot + 1
+	}
+	t.lruHead = slot + 1
+	if t.lruTail == 0 {
+		t.lruTail = slot + 1
+	}
+}
+
+// EvictIdle evicts entities all of whose windows are empty relative to watermark
+// (the entity's newest bucket has left every window ending at the watermark's bucket)
+// and whose newest event is older than watermark − HistoryTTL; it returns how many.
+// Entities with empty windows but recent history are shrunk to a header.
+//
+// Both drop history that no event at or after watermark can see. An event older
+// than watermark applied afterwards (--late=apply) may therefore miss old history of
+// such an entity; callers that apply late events should pass a watermark lowered by
+// how far back they accept them.
+func (t *Table) EvictIdle(watermark int64) int {
+	cutoff := int64(math.MinInt64)
+	if watermark >= math.MinInt64+t.ttl { // else watermark − ttl would wrap
+		cutoff = watermark - t.ttl
+	}
+	evicted := 0
+	for s := range t.slab {
+		e := &t.slab[s]
+		if e.id == "" || !t.allEmpty(e.newest, watermark) {
+			continue
+		}
+		if e.newest < cutoff {
+			t.remove(uint32(s))
+			evicted++
+			continue
+		}
+		e.raw, e.rings = nil, nil
+	}
+	return evicted
+}
+
+// allEmpty reports whether an entity whose newest event is at newest has nothing in
+// any window that ends at wm's bucket.
+func (t *Table) allEmpty(newest, wm int64) bool {
+	for i, b := range t.bms {
+		if floorDiv(newest, b) > floorDiv(wm, b)-t.nbs[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// Range calls fn for every entity, in increasing id order, with its aggregates
+// relative to its newest event (header-only entities report empty windows). aggs is
+// reused between calls. Stops when fn returns false. For tests and comparisons: it
+// sorts all ids, so it is not for the hot path.
+func (t *Table) Range(fn func(entity string, last int64, aggs []Agg) bool) {
+	slots := make([]uint32, 0, len(t.index))
+	for _, s := range t.index {
+		slots = append(slots, s)
+	}
+	slices.SortFunc(slots, func(a, b uint32) int { return strings.Compare(t.slab[a].id, t.slab[b].id) })
+	aggs := make([]Agg, len(t.specs))
+	for _, s := range slots {
+		e := &t.slab[s]
+		t.current(e, aggs)
+		if !fn(e.id, e.newest, aggs) {
+			return
+		}
+	}
+}
+
+// current writes e's aggregates relative to its newest event into aggs.
+func (t *Table) current(e *entity, aggs []Agg) {
+	switch {
+	case e.rings != nil:
+		for i, r := range t.rings(e) {
+			aggs[i] = Agg{r.cnt, r.sum, r.min, r.max}
+		}
+	default:
+		for i, b := range t.bms {
+			lo := (floorDiv(e.newest, b) - t.nbs[i] + 1) * b
+			o := Agg{}
+			for _, ev := range e.raw {
+				if ev.t < lo {
+					continue
+				}
+				if o.Count == 0 {
+					o.Min, o.Max = ev.a, ev.a
+				}
+				o.Count++
+				o.Sum += ev.a
+				o.Min = min(o.Min, ev.a)
+				o.Max = max(o.Max, ev.a)
+			}
+			aggs[i] = o
+		}
+	}
+}
