@@ -1,0 +1,254 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+	"github.com/velocity-consumer/velocity-consumer/pkg/pipeline"
+	"github.com/velocity-consumer/velocity-consumer/pkg/watermark"
+	"github.com/velocity-consumer/velocity-consumer/pkg/window"
+)
+
+// envFlags wraps a FlagSet so that every flag also reads VELOCITY_<NAME>
+// (upper case, dashes as underscores). A flag given on the command line wins
+// over the environment, which wins over the default.
+type envFlags struct {
+	fs  *flag.FlagSet
+	env map[string]string // flag name -> env var
+}
+
+func newEnvFlags(name, usage string) *envFlags {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	e := &envFlags{fs: fs, env: map[string]string{}}
+	fs.Usage = func() {
+		out := fs.Output()
+		fmt.Fprintf(out, "%s\n\nFlags (each also read from the environment variable shown):\n", usage)
+		fs.VisitAll(func(f *flag.Flag) {
+			typ, help := flag.UnquoteUsage(f)
+			fmt.Fprintf(out, "  --%s %s\n", f.Name, typ)
+			fmt.Fprintf(out, "        %s", strings.ReplaceAll(help, "\n", "\n        "))
+			if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
+				fmt.Fprintf(out, " (default %q)", f.DefValue)
+			}
+			fmt.Fprintf(out, "\n        env %s\n", e.env[f.Name])
+		})
+	}
+	return e
+}
+
+func envName(flagName string) string {
+	return "VELOCITY_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+func (e *envFlags) String(p *string, name, def, usage string) {
+	e.fs.StringVar(p, name, def, usage)
+	e.env[name] = envName(name)
+}
+
+func (e *envFlags) Duration(p *time.Duration, name string, def time.Duration, usage string) {
+	e.fs.DurationVar(p, name, def, usage)
+	e.env[name] = envName(name)
+}
+
+func (e *envFlags) Int(p *int, name string, def int, usage string) {
+	e.fs.IntVar(p, name, def, usage)
+	e.env[name] = envName(name)
+}
+
+func (e *envFlags) Int64(p *int64, name string, def int64, usage string) {
+	e.fs.Int64Var(p, name, def, usage)
+	e.env[name] = envName(name)
+}
+
+func (e *envFlags) Bool(p *bool, name string, def bool, usage string) {
+	e.fs.BoolVar(p, name, def, usage)
+	e.env[name] = envName(name)
+}
+
+// Parse reads args, then fills every flag not given on the command line from
+// its environment variable. Errors name both the flag and the variable.
+func (e *envFlags) Parse(args []string) error {
+	if err := e.fs.Parse(args); err != nil {
+		return err
+	}
+	if e.fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q (flags start with --; see --help)", e.fs.Arg(0))
+	}
+	given := map[string]bool{}
+	e.fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	names := make([]string, 0, len(e.env))
+	for n := range e.env {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		if given[n] {
+			continue
+		}
+		if v, ok := os.LookupEnv(e.env[n]); ok {
+			if err := e.fs.Set(n, v); err != nil {
+				return fmt.Errorf("environment %s=%q (flag --%s): %w", e.env[n], v, n, err)
+			}
+		}
+	}
+	return nil
+}
+
+// pipelineFlags are the semantics flags shared by run and replay, so both
+// modes are configured identically and produce identical features.
+type pipelineFlags struct {
+	windows         string
+	allowedLateness time.Duration
+	late            string
+	idleTimeout     time.Duration
+	dedupeHorizon   time.Duration
+	maxEntities     int
+	entityTTL       time.Duration
+	maxRecordBytes  int
+	writerSchema    string
+	maxAhead        time.Duration
+	minEventTime    string
+}
+
+func (p *pipelineFlags) register(e *envFlags) {
+	e.String(&p.windows, "windows", window.DefaultSpecs, "comma-separated windows W:b (window length : bucket width); W must be a multiple of b")
+	e.Duration(&p.allowedLateness, "allowed-lateness", time.Second, "how far behind the partition's newest event time an event may be before it is late")
+	e.String(&p.late, "late", "dlq", "what to do with late events: dlq (dead-letter, uncounted) or apply (count if the bucket is still retained, emit with late=true)")
+	e.Duration(&p.idleTimeout, "idle-timeout", 2*time.Second, "live mode: release every pending event of a partition that delivered nothing for this long (0 disables; replay never uses it)")
+	e.Duration(&p.dedupeHorizon, "dedupe-horizon", 24*time.Hour, "remember accepted event_ids for this much event time to dead-letter duplicates")
+	e.Int(&p.maxEntities, "max-entities", 5_000_000, "per partition: most entities kept; beyond it the least recently active is evicted, with a warning and a metric (0 = unlimited)")
+	e.Duration(&p.entityTTL, "entity-ttl", 7*24*time.Hour, "keep an entity whose windows are empty this long after its last event, so ms_since_previous spans gaps longer than the windows")
+	e.Int(&p.maxRecordBytes, "max-record-bytes", 1<<20, "input values larger than this are dead-lettered as too_large")
+	e.String(&p.writerSchema, "writer-schema", "", "path to the Avro schema the input was written with, if it is not schemas/transaction.avsc (fields may be added or reordered)")
+	e.Duration(&p.maxAhead, "max-ahead", 24*time.Hour, "dead-letter events more than this far ahead of the partition's newest event time as invalid:event_time")
+	e.String(&p.minEventTime, "min-event-time", "2000-01-01T00:00:00Z", "dead-letter events before this RFC 3339 time as invalid:event_time")
+}
+
+// settings is the validated form of pipelineFlags.
+type settings struct {
+	specs        []window.Spec
+	window       window.Options
+	watermark    watermark.Config
+	late         pipeline.LatePolicy
+	writerSchema string
+	limits       codec.Limits
+}
+
+func (p *pipelineFlags) settings() (settings, error) {
+	var s settings
+	var err error
+	if s.specs, err = window.ParseSpecs(p.windows); err != nil {
+		return s, fmt.Errorf("--windows (VELOCITY_WINDOWS): %w", err)
+	}
+	if p.allowedLateness < 0 {
+		return s, errors.New("--allowed-lateness (VELOCITY_ALLOWED_LATENESS) must be zero or positive")
+	}
+	if s.late, err = pipeline.ParseLatePolicy(p.late); err != nil {
+		return s, fmt.Errorf("--late (VELOCITY_LATE): %w", err)
+	}
+	if p.idleTimeout < 0 {
+		return s, errors.New("--idle-timeout (VELOCITY_IDLE_TIMEOUT) must be zero (off) or positive")
+	}
+	if p.dedupeHorizon <= 0 {
+		return s, errors.New("--dedupe-horizon (VELOCITY_DEDUPE_HORIZON) must be positive")
+	}
+	if p.maxEntities < 0 {
+		return s, errors.New("--max-entities (VELOCITY_MAX_ENTITIES) must be zero (unlimited) or positive")
+	}
+	var largest int64
+	for _, sp := range s.specs {
+		largest = max(largest, sp.WindowMs)
+	}
+	if p.entityTTL.Milliseconds() < largest {
+		return s, fmt.Errorf("--entity-ttl (VELOCITY_ENTITY_TTL) %s is shorter than the largest window (%d ms): entities would be dropped while their windows still count", p.entityTTL, largest)
+	}
+	if p.maxRecordBytes <= 0 {
+		return s, errors.New("--max-record-bytes (VELOCITY_MAX_RECORD_BYTES) must be positive")
+	}
+	if p.maxAhead <= 0 {
+		return s, errors.New("--max-ahead (VELOCITY_MAX_AHEAD) must be positive")
+	}
+	minT, err := time.Parse(time.RFC3339, p.minEventTime)
+	if err != nil {
+		return s, fmt.Errorf("--min-event-time (VELOCITY_MIN_EVENT_TIME): %w", err)
+	}
+	if p.writerSchema != "" {
+		b, err := os.ReadFile(p.writerSchema)
+		if err != nil {
+			return s, fmt.Errorf("--writer-schema (VELOCITY_WRITER_SCHEMA): %w", err)
+		}
+		s.writerSchema = string(b)
+		if _, err := codec.NewDecoder(s.writerSchema, codec.DefaultLimits()); err != nil {
+			return s, fmt.Errorf("--writer-schema %s: %w", p.writerSchema, err)
+		}
+	}
+	s.window = window.Options{MaxEntities: p.maxEntities, HistoryTTLMs: p.entityTTL.Milliseconds()}
+	s.watermark = watermark.Config{
+		AllowedLateness: p.allowedLateness.Milliseconds(),
+		DedupeHorizon:   p.dedupeHorizon.Milliseconds(),
+		IdleTimeout:     p.idleTimeout,
+	}
+	s.limits = codec.Limits{MaxRecordBytes: p.maxRecordBytes, MinEventTime: minT.UnixMilli(), MaxAheadMs: p.maxAhead.Milliseconds()}
+	return s, nil
+}
+
+// openStore turns --checkpoint-store into a Store.
+func openStore(spec string) (checkpoint.Store, error) {
+	switch {
+	case spec == "memory":
+		return checkpoint.NewMemoryStore(), nil
+	case strings.HasPrefix(spec, "file://"):
+		dir := strings.TrimPrefix(spec, "file://")
+		if dir == "" {
+			return nil, errors.New("--checkpoint-store (VELOCITY_CHECKPOINT_STORE): file:// needs a directory, e.g. file:///var/lib/velocity")
+		}
+		abs, err := filepath.Abs(dir)
+		if err != nil {
+			return nil, err
+		}
+		return checkpoint.NewFileStore(abs)
+	}
+	return nil, fmt.Errorf("--checkpoint-store (VELOCITY_CHECKPOINT_STORE) %q: want file://DIR or memory", spec)
+}
+
+func newLogger(level, format string) (*zap.Logger, error) {
+	lvl, err := zapcore.ParseLevel(level)
+	if err != nil {
+		return nil, fmt.Errorf("--log-level (VELOCITY_LOG_LEVEL): %w", err)
+	}
+	var cfg zap.Config
+	switch format {
+	case "json":
+		cfg = zap.NewProductionConfig()
+	case "console":
+		cfg = zap.NewDevelopmentConfig()
+		cfg.DisableStacktrace = true
+	default:
+		return nil, fmt.Errorf("--log-format (VELOCITY_LOG_FORMAT) %q: want json or console", format)
+	}
+	cfg.Level = zap.NewAtomicLevelAt(lvl)
+	cfg.EncoderConfig.TimeKey = "ts"
+	cfg.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
+	return cfg.Build()
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

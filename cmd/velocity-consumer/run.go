@@ -1,0 +1,161 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+
+	"github.com/velocity-consumer/velocity-consumer/pkg/metrics"
+	"github.com/velocity-consumer/velocity-consumer/pkg/service"
+)
+
+const runUsage = `velocity-consumer run: the live service.
+
+Consumes Avro transactions from --input-topic as a consumer group, publishes one
+VelocityFeatures record per transaction to --output-topic (key = entity id), and
+routes every bad, late or duplicate record to --dlq-topic. Offsets are committed
+only after the partition's outputs are acknowledged and its state snapshot is
+durable. SIGINT/SIGTERM checkpoint every partition and leave the group.
+
+Serves Prometheus metrics on --metrics-addr at /metrics, and /healthz, /readyz.
+They carry counts, sizes and latencies by partition or reason, never entity data.`
+
+type runFlags struct {
+	brokers, group, input, output, dlq string
+	store                              string
+	interval                           time.Duration
+	metricsAddr                        string
+	logLevel, logFormat                string
+	maxPendingBytes                    int64
+	pipe                               pipelineFlags
+}
+
+func (r *runFlags) register(e *envFlags) {
+	e.String(&r.brokers, "brokers", "localhost:9092", "comma-separated Kafka bootstrap brokers")
+	e.String(&r.group, "group", "velocity-consumer", "consumer group id (one group per deployment; snapshots are keyed by it)")
+	e.String(&r.input, "input-topic", "transactions", "topic of Avro Transaction records")
+	e.String(&r.output, "output-topic", "velocity-features", "topic for Avro VelocityFeatures records")
+	e.String(&r.dlq, "dlq-topic", "velocity-dlq", "topic for dead letters (original bytes plus velocity.* headers)")
+	e.String(&r.store, "checkpoint-store", "file://./velocity-state", "where partition snapshots live: file://DIR or memory (state lost on restart)")
+	e.Duration(&r.interval, "checkpoint-interval", 5*time.Second, "how often each partition flushes, snapshots and commits")
+	e.String(&r.metricsAddr, "metrics-addr", ":9090", "listen address for /metrics, /healthz and /readyz (empty disables)")
+	e.String(&r.logLevel, "log-level", "info", "debug, info, warn or error")
+	e.String(&r.logFormat, "log-format", "json", "json or console")
+	e.Int64(&r.maxPendingBytes, "max-pending-bytes", 32<<20, "per partition: pause fetching while this many produced bytes await acknowledgement")
+	r.pipe.register(e)
+}
+
+// serviceConfig validates the flags and builds the service configuration.
+func (r *runFlags) serviceConfig() (service.Config, error) {
+	var c service.Config
+	st, err := r.pipe.settings()
+	if err != nil {
+		return c, err
+	}
+	if c.Brokers = splitList(r.brokers); len(c.Brokers) == 0 {
+		return c, errors.New("--brokers (VELOCITY_BROKERS) is empty: give host:port of at least one broker")
+	}
+	for flag, v := range map[string]string{"group": r.group, "input-topic": r.input, "output-topic": r.output, "dlq-topic": r.dlq} {
+		if v == "" {
+			return c, fmt.Errorf("--%s (%s) must not be empty", flag, envName(flag))
+		}
+	}
+	if r.input == r.output || r.input == r.dlq {
+		return c, errors.New("--input-topic must differ from --output-topic and --dlq-topic, or the service would consume its own output")
+	}
+	if r.interval <= 0 {
+		return c, errors.New("--checkpoint-interval (VELOCITY_CHECKPOINT_INTERVAL) must be positive")
+	}
+	if r.maxPendingBytes <= 0 {
+		return c, errors.New("--max-pending-bytes (VELOCITY_MAX_PENDING_BYTES) must be positive")
+	}
+	if c.Store, err = openStore(r.store); err != nil {
+		return c, err
+	}
+	host, _ := os.Hostname()
+	c.Group, c.InputTopic, c.OutputTopic, c.DLQTopic = r.group, r.input, r.output, r.dlq
+	c.Specs, c.Window, c.Watermark, c.Late = st.specs, st.window, st.watermark, st.late
+	c.WriterSchema, c.Limits = st.writerSchema, st.limits
+	c.CheckpointInterval = r.interval
+	c.MaxPendingProduceBytes = r.maxPendingBytes
+	c.Host = host
+	return c, nil
+}
+
+func cmdRun(ctx context.Context, args []string) error {
+	var r runFlags
+	e := newEnvFlags("run", runUsage)
+	r.register(e)
+	if err := e.Parse(args); err != nil {
+		return err
+	}
+	log, err := newLogger(r.logLevel, r.logFormat)
+	if err != nil {
+		return err
+	}
+	defer log.Sync() //nolint:errcheck // nothing useful to do on a failed log flush at exit
+	cfg, err := r.serviceConfig()
+	if err != nil {
+		return err
+	}
+	defer cfg.Store.Close()
+
+	reg := prometheus.NewRegistry()
+	m := metrics.New(reg)
+	svc, err := service.New(cfg, log, m)
+	if err != nil {
+		return err
+	}
+	if r.metricsAddr != "" {
+		stop, err := serveHTTP(r.metricsAddr, reg, svc, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	return svc.Run(ctx)
+}
+
+// serveHTTP serves /metrics, /healthz and /readyz until stop is called.
+func serveHTTP(addr string, reg *prometheus.Registry, svc *service.Service, log *zap.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-addr (VELOCITY_METRICS_ADDR) %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := svc.Healthy(); err != nil {
+			http.Error(w, "unhealthy: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !svc.Ready() {
+			http.Error(w, "not ready: not consuming yet", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server stopped", zap.Error(err))
+		}
+	}()
+	log.Info("serving metrics", zap.String("addr", ln.Addr().String()))
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, nil
+}

@@ -1,0 +1,419 @@
+// Package pipeline is one partition's processing: decode and validate a record,
+// check it for duplicates and lateness, hold it in the reorder buffer, count it in
+// the window table, and encode its features record or its dead letter.
+//
+// A Processor is the single place where the contract's semantics are wired
+// together, and it is deterministic: the same records in the same order give the
+// same outputs, byte for byte. The live service (pkg/service) and the replay
+// command feed it from different sources; that is why a backtest reproduces what
+// the live service published. It knows nothing of Kafka clients: records come in
+// as values and outputs leave through a callback. It is not safe for concurrent
+// use; the service runs one Processor per assigned partition on its own goroutine.
+package pipeline
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+	"github.com/velocity-consumer/velocity-consumer/pkg/watermark"
+	"github.com/velocity-consumer/velocity-consumer/pkg/window"
+)
+
+// LatePolicy says what happens to an event older than the watermark.
+type LatePolicy uint8
+
+const (
+	// LateDLQ sends late events to the dead-letter topic uncounted (the default).
+	LateDLQ LatePolicy = iota
+	// LateApply counts a late event if its bucket is still retained in every
+	// window and emits its features with late=true; otherwise it is dead-lettered.
+	LateApply
+)
+
+// ParseLatePolicy reads the --late flag value.
+func ParseLatePolicy(s string) (LatePolicy, error) {
+	switch s {
+	case "dlq", "":
+		return LateDLQ, nil
+	case "apply":
+		return LateApply, nil
+	}
+	return 0, fmt.Errorf("late policy %q: want dlq or apply", s)
+}
+
+func (p LatePolicy) String() string {
+	if p == LateApply {
+		return "apply"
+	}
+	return "dlq"
+}
+
+// sweepEveryMs is how much event time passes between two sweeps of idle entities.
+// Sweeps are driven by the watermark, not the wall clock, so that a replay evicts
+// at exactly the same points as the live run did (ms_since_previous depends on it).
+const sweepEveryMs = 60_000
+
+// Config is everything a Processor needs. All fields are required unless noted.
+type Config struct {
+	Topic     string
+	Partition int32
+	Specs     []window.Spec
+	Window    window.Options
+	Watermark watermark.Config
+	Late      LatePolicy
+	Decoder   codec.Decoder
+}
+
+// Output is one record the processor wants published: a features record for the
+// output topic, or a dead letter carrying the source record's bytes unchanged.
+// Value (for features) and Source's byte slices are only valid until the emit
+// callback returns; a caller that keeps them must copy them.
+type Output struct {
+	Dead   bool
+	Key    []byte // features: the entity id; dead letter: the original key
+	Value  []byte // features: the Avro VelocityFeatures record; dead letter: the original value
+	Reason codec.Reason
+	Err    string // human-readable detail for velocity.error
+	// Source identifies the input record this output accounts for.
+	SourceTopic     string
+	SourcePartition int32
+	SourceOffset    int64
+	// Arrival is the wall-clock time the source record reached the processor,
+	// for the event→feature latency metric (zero in replay). Never encoded.
+	Arrival int64
+	// EntityID and Windows are the features in decoded form, for the live view
+	// and metrics; valid only during the callback.
+	EntityID string
+	Windows  []codec.WindowAgg
+}
+
+// Record is one input record.
+type Record struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	Key       []byte
+	Value     []byte
+	// Arrival is the wall-clock arrival time in Unix nanoseconds (0 in replay).
+	Arrival int64
+}
+
+// Stats are running counters a caller can export as metrics.
+type Stats struct {
+	Processed   uint64 // input records seen
+	Features    uint64 // features records emitted
+	Dead        uint64 // dead letters emitted
+	LateApplied uint64 // late events counted under --late=apply
+	Evicted     uint64 // idle entities evicted by sweeps
+}
+
+// Processor runs one partition's pipeline. See the package comment.
+type Processor struct {
+	cfg   Config
+	stage *watermark.Stage
+	table *window.Table
+
+	next      int64 // next input offset to consume
+	lastSweep int64 // watermark at the last idle-entity sweep
+	stats     Stats
+
+	tx       codec.Transaction
+	aggs     []window.Agg
+	feat     codec.Features
+	out      Output
+	released []watermark.Event
+	buf      []byte
+}
+
+// New builds a Processor with empty state that will start at offset next.
+func New(cfg Config, next int64) (*Processor, error) {
+	if cfg.Decoder == nil {
+		return nil, errors.New("pipeline: Config.Decoder is required")
+	}
+	if len(cfg.Specs) == 0 {
+		return nil, errors.New("pipeline: at least one window spec is required")
+	}
+	stage, err := watermark.New(cfg.Watermark)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: %w", err)
+	}
+	table, err := window.NewTable(cfg.Specs, cfg.Window)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: %w", err)
+	}
+	p := &Processor{cfg: cfg, stage: stage, table: table, next: next}
+	p.init()
+	return p, nil
+}
+
+func (p *Processor) init() {
+	p.aggs = make([]window.Agg, len(p.cfg.Specs))
+	p.feat.Windows = make([]codec.WindowAgg, len(p.cfg.Specs))
+	for i, s := range p.cfg.Specs {
+		p.feat.Windows[i] = codec.WindowAgg{Name: s.Name, WindowMs: s.WindowMs, BucketMs: s.BucketMs}
+	}
+	p.feat.SourceTopic = p.cfg.Topic
+	p.feat.SourcePartition = p.cfg.Partition
+	p.buf = make([]byte, 0, 512)
+}
+
+// Next is the offset of the next input record this processor expects: every
+// offset before it has been emitted or is held in the (snapshotted) reorder buffer.
+func (p *Processor) Next() int64 { return p.next }
+
+// Stats returns the running counters.
+func (p *Processor) Stats() Stats { return p.stats }
+
+// Pressure reports whether the reorder buffer is above its high mark (and not
+// yet back below its low mark): the caller should pause fetching.
+func (p *Processor) Pressure() bool { return p.stage.Pressure() }
+
+// Pending is the number of events waiting in the reorder buffer.
+func (p *Processor) Pending() int { return p.stage.Pending() }
+
+// Entities is the number of entities in the window table.
+func (p *Processor) Entities() int { return p.table.Len() }
+
+// CapEvictions is how many entities the --max-entities cap has evicted.
+func (p *Processor) CapEvictions() uint64 { return p.table.CapEvictions() }
+
+// Watermark returns the partition's watermark (ok=false before any accepted event).
+func (p *Processor) Watermark() (int64, bool) { return p.stage.Watermark() }
+
+// MaxSeen returns the largest accepted event time.
+func (p *Processor) MaxSeen() (int64, bool) { return p.stage.MaxSeen() }
+
+// Table exposes the window table for read-only inspection (tests, the crash
+// comparison and the demo's top-entities view).
+func (p *Processor) Table() *window.Table { return p.table }
+
+// Process handles one input record. emit is called zero or more times: once for
+// a dead letter, or once for each event the record's arrival released from the
+// reorder buffer (possibly none, possibly several older ones).
+func (p *Processor) Process(r Record, emit func(*Output)) {
+	p.stats.Processed++
+	if r.Offset >= p.next {
+		p.next = r.Offset + 1
+	}
+	maxSeen, hasMax := p.stage.MaxSeen()
+	if rej := p.cfg.Decoder.Decode(r.Value, maxSeen, hasMax, &p.tx); rej != nil {
+		p.dead(&r, rej.Reason, rej.Detail, emit)
+		return
+	}
+	ev := watermark.Event{
+		Offset:    r.Offset,
+		EventTime: p.tx.EventTime,
+		EventID:   p.tx.EventID,
+		EntityID:  p.tx.EntityID,
+		Amount:    p.tx.AmountMinor,
+		Size:      int32(min(len(r.Key)+len(r.Value), 1<<31-1)),
+		Aux:       r.Arrival,
+	}
+	switch p.stage.Offer(ev) {
+	case watermark.Duplicate:
+		p.dead(&r, codec.ReasonDuplicate, "event_id "+strconv.Quote(ev.EventID)+" already accepted on this partition", emit)
+		return
+	case watermark.Late:
+		wm, _ := p.stage.Watermark()
+		if p.cfg.Late == LateApply {
+			if err := p.apply(&ev, true, emit); err == nil {
+				p.stage.Remember(ev.EventID, ev.EventTime)
+				p.stats.LateApplied++
+				return
+			} else if !errors.Is(err, window.ErrExpired) {
+				p.dead(&r, codec.Invalid("amount_minor"), err.Error(), emit)
+				return
+			}
+		}
+		p.dead(&r, codec.ReasonLate, fmt.Sprintf("event_time %d is %d ms behind the watermark %d", ev.EventTime, wm-ev.EventTime, wm), emit)
+		return
+	}
+	p.released = p.stage.Ready(p.released[:0])
+	p.emitReleased(emit)
+	p.maybeSweep()
+}
+
+// Tick releases everything pending if the partition has been idle for the idle
+// timeout (live mode only: this is where wall-clock time enters).
+func (p *Processor) Tick(emit func(*Output)) {
+	p.released = p.stage.Idle(p.released[:0])
+	p.emitReleased(emit)
+}
+
+// Flush releases everything pending: the end of a replay range.
+func (p *Processor) Flush(emit func(*Output)) {
+	p.released = p.stage.FlushAll(p.released[:0])
+	p.emitReleased(emit)
+}
+
+func (p *Processor) emitReleased(emit func(*Output)) {
+	for i := range p.released {
+		ev := &p.released[i]
+		if err := p.apply(ev, false, emit); err != nil {
+			// An event released from the reorder buffer can only be older than its
+			// entity's newest one after an idle release; if its bucket has already
+			// left the ring it cannot be counted, so it is accounted for as late.
+			// An overflow is an amount the windows cannot hold: invalid.
+			reason := codec.ReasonLate
+			if !errors.Is(err, window.ErrExpired) {
+				reason = codec.Invalid("amount_minor")
+			}
+			p.deadReleased(ev, reason, err.Error(), emit)
+		}
+	}
+	// Drop references to id strings so the GC can free them.
+	clear(p.released)
+}
+
+// apply counts ev and emits its features. On error nothing was counted or emitted.
+func (p *Processor) apply(ev *watermark.Event, late bool, emit func(*Output)) error {
+	gap, hasPrev, err := p.table.Apply(ev.EntityID, ev.EventTime, ev.Amount, p.aggs)
+	if err != nil {
+		return err
+	}
+	f := &p.feat
+	f.EventID, f.EntityID, f.EventTime = ev.EventID, ev.EntityID, ev.EventTime
+	for i := range p.aggs {
+		a := &p.aggs[i]
+		w := &f.Windows[i]
+		w.Count, w.SumMinor, w.MinMinor, w.MaxMinor = a.Count, a.Sum, a.Min, a.Max
+	}
+	f.MsSincePrevious, f.HasPrevious = gap, hasPrev
+	f.Late = late
+	f.SourceOffset = ev.Offset
+	p.buf = codec.AppendFeatures(p.buf[:0], f)
+
+	o := &p.out
+	*o = Output{
+		Key:             appendString(o.Key[:0], ev.EntityID),
+		Value:           p.buf,
+		SourceTopic:     p.cfg.Topic,
+		SourcePartition: p.cfg.Partition,
+		SourceOffset:    ev.Offset,
+		Arrival:         ev.Aux,
+		EntityID:        ev.EntityID,
+		Windows:         f.Windows,
+	}
+	p.stats.Features++
+	emit(o)
+	return nil
+}
+
+func appendString(dst []byte, s string) []byte { return append(dst, s...) }
+
+func (p *Processor) dead(r *Record, reason codec.Reason, detail string, emit func(*Output)) {
+	p.out = Output{
+		Dead:            true,
+		Key:             r.Key,
+		Value:           r.Value,
+		Reason:          reason,
+		Err:             detail,
+		SourceTopic:     p.cfg.Topic,
+		SourcePartition: p.cfg.Partition,
+		SourceOffset:    r.Offset,
+		Arrival:         r.Arrival,
+	}
+	p.stats.Dead++
+	emit(&p.out)
+}
+
+// deadReleased dead-letters an event that was already accepted into the reorder
+// buffer. Its original bytes are not kept there, so the dead letter carries the
+// transaction re-encoded in our schema; the reason and source position are exact.
+func (p *Processor) deadReleased(ev *watermark.Event, reason codec.Reason, detail string, emit func(*Output)) {
+	tx := codec.Transaction{EventID: ev.EventID, EntityID: ev.EntityID, AmountMinor: ev.Amount, EventTime: ev.EventTime}
+	r := Record{Topic: p.cfg.Topic, Partition: p.cfg.Partition, Offset: ev.Offset, Key: []byte(ev.EntityID), Value: codec.EncodeTransaction(&tx), Arrival: ev.Aux}
+	p.dead(&r, reason, detail, emit)
+}
+
+func (p *Processor) maybeSweep() {
+	wm, ok := p.stage.Watermark()
+	if !ok || wm-p.lastSweep < sweepEveryMs {
+		return
+	}
+	p.lastSweep = wm
+	p.stats.Evicted += uint64(p.table.EvictIdle(wm))
+}
+
+// Snapshot format (inside pkg/checkpoint's versioned, checksummed frame):
+//
+//	magic "VCP1" | next int64 | lastSweep int64 | len+stage snapshot | len+table snapshot
+//
+// The topic, partition and configuration are checked by the caller's store key
+// and by the packages' own decoders (the table snapshot carries its specs).
+var snapMagic = [4]byte{'V', 'C', 'P', '1'}
+
+// AppendSnapshot appends the processor's whole state, deterministically.
+func (p *Processor) AppendSnapshot(dst []byte) []byte {
+	dst = append(dst, snapMagic[:]...)
+	dst = binary.BigEndian.AppendUint64(dst, uint64(p.next))
+	dst = binary.BigEndian.AppendUint64(dst, uint64(p.lastSweep))
+	dst = appendSection(dst, func(b []byte) []byte { return p.stage.AppendSnapshot(b) })
+	dst = appendSection(dst, func(b []byte) []byte { return p.table.AppendSnapshot(b) })
+	return dst
+}
+
+func appendSection(dst []byte, fn func([]byte) []byte) []byte {
+	at := len(dst)
+	dst = append(dst, 0, 0, 0, 0, 0, 0, 0, 0)
+	dst = fn(dst)
+	binary.BigEndian.PutUint64(dst[at:], uint64(len(dst)-at-8))
+	return dst
+}
+
+// Restore builds a Processor from a snapshot made by AppendSnapshot with the same
+// configuration. A snapshot that does not decode is an error, never half-loaded.
+func Restore(cfg Config, data []byte) (*Processor, error) {
+	if cfg.Decoder == nil {
+		return nil, errors.New("pipeline: Config.Decoder is required")
+	}
+	if len(data) < 4+8+8 || [4]byte(data[:4]) != snapMagic {
+		return nil, errors.New("pipeline snapshot: bad header")
+	}
+	next := int64(binary.BigEndian.Uint64(data[4:]))
+	lastSweep := int64(binary.BigEndian.Uint64(data[12:]))
+	rest := data[20:]
+	stageBytes, rest, err := section(rest)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline snapshot: watermark section: %w", err)
+	}
+	tableBytes, rest, err := section(rest)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline snapshot: window section: %w", err)
+	}
+	if len(rest) != 0 {
+		return nil, fmt.Errorf("pipeline snapshot: %d trailing bytes", len(rest))
+	}
+	if next < 0 {
+		return nil, fmt.Errorf("pipeline snapshot: negative next offset %d", next)
+	}
+	stage, err := watermark.Restore(cfg.Watermark, stageBytes)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline snapshot: %w", err)
+	}
+	table, err := window.RestoreTable(cfg.Specs, cfg.Window, tableBytes)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline snapshot: %w", err)
+	}
+	p := &Processor{cfg: cfg, stage: stage, table: table, next: next, lastSweep: lastSweep}
+	p.init()
+	return p, nil
+}
+
+func section(b []byte) (sec, rest []byte, err error) {
+	if len(b) < 8 {
+		return nil, nil, errors.New("truncated length")
+	}
+	n := binary.BigEndian.Uint64(b)
+	if n > uint64(len(b)-8) {
+		return nil, nil, fmt.Errorf("length %d exceeds the %d bytes left", n, len(b)-8)
+	}
+	return b[8 : 8+n], b[8+n:], nil
+}
+
+// ArrivalNow is the wall-clock stamp the live service puts on each record.
+func ArrivalNow() int64 { return time.Now().UnixNano() }

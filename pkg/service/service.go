@@ -1,0 +1,381 @@
+// Package service is the live velocity consumer: a franz-go consumer group on the
+// input topic with one goroutine per assigned partition, each running a
+// pipeline.Processor, publishing through pkg/sink and checkpointing through
+// pkg/checkpoint.
+//
+// The checkpoint protocol, per partition, every interval, on revoke and on
+// shutdown:
+//
+//	flush the partition's outputs → save its snapshot durably → commit next
+//
+// so the committed offset never runs ahead of durable state and outputs: after a
+// crash the partition resumes from its snapshot and re-emits (byte-identical)
+// at most the outputs since that snapshot. On assignment the newest snapshot is
+// loaded and fetching starts at its offset, which may be ahead of the group's
+// committed offset if the process died between the save and the commit.
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+	"github.com/velocity-consumer/velocity-consumer/pkg/metrics"
+	"github.com/velocity-consumer/velocity-consumer/pkg/pipeline"
+	"github.com/velocity-consumer/velocity-consumer/pkg/sink"
+	"github.com/velocity-consumer/velocity-consumer/pkg/watermark"
+	"github.com/velocity-consumer/velocity-consumer/pkg/window"
+)
+
+// Config is the live service's configuration. cmd/velocity-consumer fills it
+// from flags and VELOCITY_* variables; tests fill it directly.
+type Config struct {
+	Brokers     []string
+	Group       string
+	InputTopic  string
+	OutputTopic string
+	DLQTopic    string
+
+	Specs     []window.Spec
+	Window    window.Options
+	Watermark watermark.Config
+	Late      pipeline.LatePolicy
+
+	// WriterSchema is the Avro schema input records were written with; empty
+	// means ours (schemas/transaction.avsc).
+	WriterSchema string
+	Limits       codec.Limits
+
+	Store              checkpoint.Store
+	CheckpointInterval time.Duration // default 5s
+
+	// MaxPendingProduceBytes pauses a partition whose unacknowledged output
+	// passes it; fetching resumes below half. Default 32 MiB.
+	MaxPendingProduceBytes int64
+
+	// Host goes into the velocity.host header of features records.
+	Host string
+
+	// ClientOpts are extra franz-go options for both clients (TLS, SASL, logging).
+	ClientOpts []kgo.Opt
+	// Observe, if set, is called on each partition goroutine for every output
+	// (the demo's live view). It must be quick and must not keep the Output.
+	Observe func(*pipeline.Output)
+}
+
+func (c *Config) defaults() error {
+	if len(c.Brokers) == 0 {
+		return errors.New("service: no brokers")
+	}
+	for name, v := range map[string]string{"group": c.Group, "input topic": c.InputTopic, "output topic": c.OutputTopic, "DLQ topic": c.DLQTopic} {
+		if v == "" {
+			return fmt.Errorf("service: %s is required", name)
+		}
+	}
+	if c.Store == nil {
+		return errors.New("service: a checkpoint store is required")
+	}
+	if c.CheckpointInterval <= 0 {
+		c.CheckpointInterval = 5 * time.Second
+	}
+	if c.MaxPendingProduceBytes <= 0 {
+		c.MaxPendingProduceBytes = 32 << 20
+	}
+	return nil
+}
+
+// Service runs the consumer group. Create it with New and call Run once.
+type Service struct {
+	cfg  Config
+	log  *zap.Logger
+	m    *metrics.Metrics
+	dec  codec.Decoder
+	prod *kgo.Client
+	cons *kgo.Client
+	sink *sink.Sink
+
+	mu      sync.Mutex
+	workers map[int32]*worker
+
+	ready  atomic.Bool
+	failMu sync.Mutex
+	failed error
+	cancel context.CancelFunc
+}
+
+// New validates cfg. Clients are created by Run.
+func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Service, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	dec, err := codec.NewDecoder(cfg.WriterSchema, cfg.Limits)
+	if err != nil {
+		return nil, fmt.Errorf("service: writer schema: %w", err)
+	}
+	return &Service{cfg: cfg, log: log, m: m, dec: dec, workers: make(map[int32]*worker)}, nil
+}
+
+// Ready reports whether the service has joined its group and is consuming.
+func (s *Service) Ready() bool { return s.ready.Load() }
+
+// Healthy reports nil unless the service has stopped on an error.
+func (s *Service) Healthy() error {
+	s.failMu.Lock()
+	defer s.failMu.Unlock()
+	return s.failed
+}
+
+// fail records the first fatal error and stops the service.
+func (s *Service) fail(err error) {
+	s.failMu.Lock()
+	if s.failed == nil {
+		s.failed = err
+		s.log.Error("stopping: fatal error", zap.Error(err))
+	}
+	s.failMu.Unlock()
+	if s.cancel != nil {
+		s.cancel()
+	}
+}
+
+// Run consumes until ctx is cancelled (graceful shutdown: every partition is
+// flushed, snapshotted and committed) or a fatal error occurs, which it returns.
+func (s *Service) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	s.cancel = cancel
+	defer cancel()
+
+	var err error
+	popts := append(append([]kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...)}, sink.ProducerOpts()...), s.cfg.ClientOpts...)
+	if s.prod, err = kgo.NewClient(popts...); err != nil {
+		return fmt.Errorf("create producer: %w", err)
+	}
+	defer s.prod.Close()
+	s.sink = sink.New(s.prod, s.cfg.OutputTopic, s.cfg.DLQTopic, s.cfg.Host)
+
+	copts := append([]kgo.Opt{
+		kgo.SeedBrokers(s.cfg.Brokers...),
+		kgo.ConsumerGroup(s.cfg.Group),
+		kgo.ConsumeTopics(s.cfg.InputTopic),
+		kgo.Balancers(kgo.CooperativeStickyBalancer()),
+		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.AdjustFetchOffsetsFn(s.assigned),
+		kgo.OnPartitionsRevoked(s.revoked),
+		kgo.OnPartitionsLost(s.lost),
+		kgo.FetchMaxBytes(32 << 20),
+	}, s.cfg.ClientOpts...)
+	if s.cons, err = kgo.NewClient(copts...); err != nil {
+		return fmt.Errorf("create consumer: %w", err)
+	}
+	// Verify the cluster answers before declaring readiness, so a wrong
+	// --brokers fails fast with a clear message instead of retrying forever.
+	pingCtx, pingCancel := context.WithTimeout(ctx, 30*time.Second)
+	err = s.cons.Ping(pingCtx)
+	pingCancel()
+	if err != nil {
+		s.cons.Close()
+		return fmt.Errorf("reach brokers %v: %w (check --brokers and that the cluster is up)", s.cfg.Brokers, err)
+	}
+	s.log.Info("consuming", zap.String("group", s.cfg.Group), zap.String("input", s.cfg.InputTopic),
+		zap.String("output", s.cfg.OutputTopic), zap.String("dlq", s.cfg.DLQTopic))
+
+	s.pollLoop(ctx)
+
+	// Graceful shutdown: checkpoint every partition we own, then leave the group.
+	s.ready.Store(false)
+	if s.Healthy() == nil {
+		s.stopAll(true)
+	} else {
+		s.stopAll(false)
+	}
+	s.cons.Close()
+	return s.Healthy()
+}
+
+func (s *Service) pollLoop(ctx context.Context) {
+	paused := make(map[int32]bool)
+	for ctx.Err() == nil {
+		fetches := s.cons.PollRecords(ctx, 8192)
+		if fetches.IsClientClosed() || ctx.Err() != nil {
+			s.cons.AllowRebalance()
+			return
+		}
+		s.ready.Store(true)
+		fetches.EachError(func(topic string, p int32, err error) {
+			if errors.Is(err, context.Canceled) {
+				return
+			}
+			s.log.Warn("fetch error", zap.String("topic", topic), zap.Int32("partition", p), zap.Error(err))
+		})
+		fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
+			if len(fp.Records) == 0 {
+				return
+			}
+			s.mu.Lock()
+			w := s.workers[fp.Partition]
+			s.mu.Unlock()
+			if w == nil {
+				// Not ours any more (lost); the new owner resumes from its checkpoint.
+				return
+			}
+			select {
+			case w.in <- batch{records: fp.Records, hwm: fp.HighWatermark}:
+			case <-ctx.Done():
+			}
+		})
+		s.applyBackpressure(paused)
+		s.cons.AllowRebalance()
+	}
+}
+
+// applyBackpressure pauses partitions whose worker asks for it and resumes the
+// others; franz-go keeps paused partitions' positions.
+func (s *Service) applyBackpressure(paused map[int32]bool) {
+	var pause, resume []int32
+	s.mu.Lock()
+	for p, w := range s.workers {
+		want := w.wantPause.Load()
+		if want && !paused[p] {
+			pause = append(pause, p)
+			paused[p] = true
+		} else if !want && paused[p] {
+			resume = append(resume, p)
+			delete(paused, p)
+		}
+	}
+	for p := range paused {
+		if s.workers[p] == nil {
+			delete(paused, p)
+		}
+	}
+	s.mu.Unlock()
+	if len(pause) > 0 {
+		s.cons.PauseFetchPartitions(map[string][]int32{s.cfg.InputTopic: pause})
+	}
+	if len(resume) > 0 {
+		s.cons.ResumeFetchPartitions(map[string][]int32{s.cfg.InputTopic: resume})
+	}
+	s.m.PausedPartitions.Set(float64(len(paused)))
+}
+
+func (s *Service) key(p int32) checkpoint.Key {
+	return checkpoint.Key{Group: s.cfg.Group, Topic: s.cfg.InputTopic, Partition: p}
+}
+
+func (s *Service) processorConfig(p int32) pipeline.Config {
+	return pipeline.Config{
+		Topic: s.cfg.InputTopic, Partition: p,
+		Specs: s.cfg.Specs, Window: s.cfg.Window, Watermark: s.cfg.Watermark,
+		Late: s.cfg.Late, Decoder: s.dec,
+	}
+}
+
+// assigned runs after the group assigned us partitions and their committed
+// offsets were fetched: restore each partition's state and start fetching at
+// the snapshot's offset.
+func (s *Service) assigned(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	parts := offsets[s.cfg.InputTopic]
+	for p, o := range parts {
+		committed := o.EpochOffset().Offset
+		proc, next, err := s.restore(ctx, p, committed)
+		if err != nil {
+			// Without a trustworthy state we must not consume this partition:
+			// stop loudly so an operator can look, rather than double count.
+			s.fail(err)
+			return nil, err
+		}
+		if next >= 0 {
+			parts[p] = kgo.NewOffset().At(next).WithEpoch(-1)
+		}
+		w := s.startWorker(p, proc)
+		s.log.Info("partition assigned", zap.Int32("partition", p), zap.Int64("committed", committed), zap.Int64("resume_at", w.proc.Next()))
+	}
+	s.m.AssignedPartition.Set(float64(s.numWorkers()))
+	return offsets, nil
+}
+
+// restore loads the partition's snapshot. next is the offset to fetch from, or
+// -1 to keep the group's committed (or reset) offset.
+func (s *Service) restore(ctx context.Context, p int32, committed int64) (*pipeline.Processor, int64, error) {
+	cfg := s.processorConfig(p)
+	loaded, err := s.cfg.Store.Load(ctx, s.key(p))
+	switch {
+	case errors.Is(err, checkpoint.ErrNotFound):
+		proc, err := pipeline.New(cfg, max(committed, 0))
+		if err != nil {
+			return nil, 0, err
+		}
+		if committed > 0 {
+			s.log.Warn("no snapshot for a partition with committed offsets; starting with empty windows",
+				zap.Int32("partition", p), zap.Int64("committed", committed))
+		}
+		return proc, -1, nil
+	case err != nil:
+		return nil, 0, fmt.Errorf("partition %d: %w", p, err)
+	}
+	if loaded.FellBack {
+		s.m.SnapshotFallbacks.Inc()
+		s.log.Warn("newest snapshot corrupt, restored the previous one", zap.Int32("partition", p), zap.Error(loaded.CorruptErr))
+	}
+	proc, err := pipeline.Restore(cfg, loaded.State)
+	if err != nil {
+		return nil, 0, fmt.Errorf("partition %d: restore snapshot: %w", p, err)
+	}
+	return proc, loaded.Next, nil
+}
+
+func (s *Service) numWorkers() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.workers)
+}
+
+func (s *Service) revoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	s.stopPartitions(revoked[s.cfg.InputTopic], true)
+}
+
+func (s *Service) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	s.stopPartitions(lost[s.cfg.InputTopic], false)
+}
+
+func (s *Service) stopPartitions(parts []int32, commit bool) {
+	var ws []*worker
+	s.mu.Lock()
+	for _, p := range parts {
+		if w := s.workers[p]; w != nil {
+			ws = append(ws, w)
+			delete(s.workers, p)
+		}
+	}
+	s.mu.Unlock()
+	for _, w := range ws {
+		w.stop(commit)
+	}
+	for _, w := range ws {
+		<-w.done
+		s.m.ForgetPartition(w.part)
+		s.log.Info("partition released", zap.Int32("partition", w.part), zap.Bool("checkpointed", commit), zap.Int64("next", w.proc.Next()))
+	}
+	s.m.AssignedPartition.Set(float64(s.numWorkers()))
+}
+
+func (s *Service) stopAll(commit bool) {
+	s.mu.Lock()
+	parts := make([]int32, 0, len(s.workers))
+	for p := range s.workers {
+		parts = append(parts, p)
+	}
+	s.mu.Unlock()
+	s.stopPartitions(parts, commit)
+}

@@ -1,0 +1,249 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+
+	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
+	"github.com/velocity-consumer/velocity-consumer/pkg/metrics"
+	"github.com/velocity-consumer/velocity-consumer/pkg/pipeline"
+	"github.com/velocity-consumer/velocity-consumer/pkg/sink"
+)
+
+type batch struct {
+	records []*kgo.Record
+	hwm     int64
+}
+
+// worker owns one partition: its Processor, its sink Tracker and its checkpoints.
+// Everything but the channels and wantPause is touched only by its goroutine.
+type worker struct {
+	s       *Service
+	part    int32
+	label   string
+	proc    *pipeline.Processor
+	tracker *sink.Tracker
+	in      chan batch
+	quit    chan bool // true: checkpoint before leaving
+	done    chan struct{}
+
+	wantPause atomic.Bool
+	emitFn    func(*pipeline.Output)
+
+	lastNext  int64 // next offset at the last checkpoint
+	dirty     bool  // state changed since the last checkpoint
+	snapBuf   []byte
+	lastStats pipeline.Stats
+	lastCap   uint64
+
+	recordsIn, features, lateApplied prometheus.Counter
+}
+
+func (s *Service) startWorker(p int32, proc *pipeline.Processor) *worker {
+	label := metrics.Partition(p)
+	w := &worker{
+		s: s, part: p, label: label, proc: proc,
+		in:          make(chan batch, 4),
+		quit:        make(chan bool, 1),
+		done:        make(chan struct{}),
+		lastNext:    proc.Next(),
+		recordsIn:   s.m.RecordsIn.WithLabelValues(label),
+		features:    s.m.Features.WithLabelValues(label),
+		lateApplied: s.m.LateApplied.WithLabelValues(label),
+	}
+	w.tracker = s.sink.NewTracker(func(arrival int64) {
+		s.m.Latency.Observe(float64(time.Now().UnixNano()-arrival) / 1e9)
+	})
+	w.emitFn = w.emit
+	s.mu.Lock()
+	s.workers[p] = w
+	s.mu.Unlock()
+	go w.run()
+	return w
+}
+
+func (w *worker) stop(commit bool) { w.quit <- commit }
+
+func (w *worker) run() {
+	defer close(w.done)
+	tick := time.NewTicker(w.tickEvery())
+	defer tick.Stop()
+	lastCheckpoint := time.Now()
+	for {
+		select {
+		case b := <-w.in:
+			w.process(b)
+		case <-tick.C:
+			w.proc.Tick(w.emitFn)
+			if time.Since(lastCheckpoint) >= w.s.cfg.CheckpointInterval {
+				lastCheckpoint = time.Now()
+				if err := w.checkpoint(); err != nil {
+					w.s.fail(err)
+					w.drainQuit()
+					return
+				}
+			}
+			w.updateGauges()
+		case commit := <-w.quit:
+			if commit {
+				// Finish the work already handed to us, then checkpoint it.
+				for {
+					select {
+					case b := <-w.in:
+						w.process(b)
+						continue
+					default:
+					}
+					break
+				}
+				if err := w.checkpoint(); err != nil {
+					w.s.fail(err)
+				}
+			}
+			return
+		}
+		if err := w.tracker.Err(); err != nil {
+			w.s.m.ProduceErrors.Inc()
+			w.s.fail(fmt.Errorf("partition %d: %w", w.part, err))
+			w.drainQuit()
+			return
+		}
+	}
+}
+
+// drainQuit waits for the stop request after a fatal error so stopPartitions
+// never blocks on a worker that already left.
+func (w *worker) drainQuit() {
+	go func() { <-w.quit }()
+}
+
+func (w *worker) tickEvery() time.Duration {
+	d := 100 * time.Millisecond
+	if it := w.s.cfg.Watermark.IdleTimeout; it > 0 && it/4 < d {
+		d = max(it/4, time.Millisecond)
+	}
+	return d
+}
+
+func (w *worker) process(b batch) {
+	for _, r := range b.records {
+		w.proc.Process(pipeline.Record{
+			Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
+			Key: r.Key, Value: r.Value, Arrival: time.Now().UnixNano(),
+		}, w.emitFn)
+	}
+	w.dirty = true
+	w.recordsIn.Add(float64(len(b.records)))
+	if b.hwm >= 0 {
+		w.s.m.ConsumerLag.WithLabelValues(w.label).Set(float64(max(b.hwm-w.proc.Next(), 0)))
+	}
+	pressure := w.proc.Pressure() || w.tracker.PendingBytes() > w.s.cfg.MaxPendingProduceBytes
+	if !pressure && w.wantPause.Load() {
+		// Resume only once produce bytes are back under half the bound.
+		pressure = w.tracker.PendingBytes() > w.s.cfg.MaxPendingProduceBytes/2
+	}
+	w.wantPause.Store(pressure)
+}
+
+func (w *worker) emit(o *pipeline.Output) {
+	if o.Dead {
+		w.s.m.DeadLetters.WithLabelValues(string(o.Reason)).Inc()
+		w.tracker.Dead(sink.DeadLetter{
+			Key: o.Key, Value: o.Value, Reason: o.Reason, Err: o.Err,
+			SourceTopic: o.SourceTopic, SourcePartition: o.SourcePartition, SourceOffset: o.SourceOffset,
+		})
+	} else {
+		w.features.Inc()
+		w.tracker.Features(o.Key, o.Value, o.Arrival)
+	}
+	if w.s.cfg.Observe != nil {
+		w.s.cfg.Observe(o)
+	}
+}
+
+func (w *worker) updateGauges() {
+	m := w.s.m
+	m.ReorderBuffer.WithLabelValues(w.label).Set(float64(w.proc.Pending()))
+	m.Entities.WithLabelValues(w.label).Set(float64(w.proc.Entities()))
+	if wm, ok := w.proc.Watermark(); ok {
+		m.WatermarkLag.WithLabelValues(w.label).Set(float64(time.Now().UnixMilli()-wm) / 1e3)
+	}
+	st := w.proc.Stats()
+	if d := st.LateApplied - w.lastStats.LateApplied; d > 0 {
+		w.lateApplied.Add(float64(d))
+	}
+	if d := st.Evicted - w.lastStats.Evicted; d > 0 {
+		m.EntitiesEvicted.WithLabelValues("idle").Add(float64(d))
+	}
+	if c := w.proc.CapEvictions(); c > w.lastCap {
+		m.EntitiesEvicted.WithLabelValues("cap").Add(float64(c - w.lastCap))
+		w.s.log.Warn("--max-entities reached: evicted least recently active entities",
+			zap.Int32("partition", w.part), zap.Uint64("evicted", c-w.lastCap))
+		w.lastCap = c
+	}
+	w.lastStats = st
+}
+
+// checkpoint runs the protocol for this partition:
+//
+//	flush outputs → save snapshot durably → commit next.
+//
+// Invariant: the group's committed offset for this partition is never ahead of
+// a durable snapshot, and every output for offsets below it is acknowledged.
+func (w *worker) checkpoint() error {
+	if !w.dirty && w.proc.Next() == w.lastNext {
+		return nil
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := w.tracker.Flush(ctx); err != nil {
+		w.s.m.ProduceErrors.Inc()
+		return fmt.Errorf("partition %d: flush before checkpoint: %w", w.part, err)
+	}
+	next := w.proc.Next()
+	w.snapBuf = w.proc.AppendSnapshot(w.snapBuf[:0])
+	if err := w.s.cfg.Store.Save(ctx, w.s.key(w.part), checkpoint.Snapshot{Next: next, State: w.snapBuf}); err != nil {
+		w.s.m.CheckpointErrors.Inc()
+		return fmt.Errorf("partition %d: %w", w.part, err)
+	}
+	w.s.m.CheckpointBytes.WithLabelValues(w.label).Set(float64(len(w.snapBuf)))
+	if err := w.commit(ctx, next); err != nil {
+		// The snapshot is saved; a failed commit only means a restart re-reads
+		// from the older committed offset and the snapshot's offset wins.
+		w.s.m.CommitErrors.Inc()
+		w.s.log.Warn("offset commit failed", zap.Int32("partition", w.part), zap.Int64("next", next), zap.Error(err))
+	}
+	w.lastNext = next
+	w.dirty = false
+	w.s.m.CheckpointSeconds.Observe(time.Since(start).Seconds())
+	return nil
+}
+
+func (w *worker) commit(ctx context.Context, next int64) error {
+	var cerr error
+	w.s.cons.CommitOffsetsSync(ctx, map[string]map[int32]kgo.EpochOffset{
+		w.s.cfg.InputTopic: {w.part: {Epoch: -1, Offset: next}},
+	}, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err != nil {
+			cerr = err
+			return
+		}
+		for _, t := range resp.Topics {
+			for _, p := range t.Partitions {
+				if e := kerr.ErrorForCode(p.ErrorCode); e != nil {
+					cerr = e
+				}
+			}
+		}
+	})
+	return cerr
+}
