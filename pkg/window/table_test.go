@@ -243,7 +243,7 @@ func TestApplyRejectsBadInput(t *testing.T) {
 		{"negative amount", "card", 0, -1, out},
 		{"empty entity", "", 0, 1, out},
 		{"short out", "card", 0, 1, out[:1]},
-		{"time beyond range", "card", 1 << 62 + 1, 1, out},
+		{"time beyond range", "card", 1<<62 + 1, 1, out},
 		{"time before range", "card", -(1 << 62) - 1, 1, out},
 	}
 	for _, tc := range tests {
