@@ -35,6 +35,23 @@ func NewDecoder(writerSchema string, limits Limits) (Decoder, error) {
 	return newGoavroDecoder(writerSchema, limits)
 }
 
+// maxGoavroBlockCount bounds the items goavro accepts in one array or map
+// block. goavro sizes its slice or map from the block count before reading a
+// single item, and its default bound is MaxInt32: one corrupt record written
+// with a schema that has an array field (a count near 2^31 in a few bytes)
+// asks for 32 GiB. A record is at most Limits.MaxRecordBytes (1 MiB by
+// default), so a million items per block is more than any legitimate record
+// or container-file block of ours holds, and caps that allocation at 16 MiB.
+const maxGoavroBlockCount = 1 << 20
+
+// goavro documents MaxBlockCount as the process-wide knob for this; it is set
+// once here, before any decoder exists, and only ever lowered.
+func init() {
+	if goavro.MaxBlockCount > maxGoavroBlockCount {
+		goavro.MaxBlockCount = maxGoavroBlockCount
+	}
+}
+
 // ourTransaction is our reader schema, parsed once; the package cannot work
 // without it, so a parse failure is a build defect and panics at init.
 var ourTransaction = func() *goavro.Codec {

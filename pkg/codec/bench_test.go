@@ -1,0 +1,156 @@
+package codec
+
+import (
+	"testing"
+
+	"github.com/twmb/avro"
+
+	"github.com/velocity-consumer/velocity-consumer/schemas"
+)
+
+// The benchmarks compare the three codecs the issue asks about on the hot
+// path: the hand-written one (fast), goavro (the generic reference), and
+// github.com/twmb/avro (reflection-based with cached plans). Numbers and the
+// command are in BENCHMARKS.md, ## pkg/codec.
+
+func benchTx() []byte {
+	tx := Transaction{EventID: "9f1c2a64-7d3b-4f0e-b5a8-2c7e91d04a3f", EntityID: "card-4242424242424242",
+		AmountMinor: 12_345, Currency: "EUR", EventTime: t0 + 1234}
+	return EncodeTransaction(&tx)
+}
+
+func BenchmarkDecode(b *testing.B) {
+	value := benchTx()
+	l := DefaultLimits()
+	run := func(b *testing.B, dec Decoder) {
+		var tx Transaction
+		b.ReportAllocs()
+		b.SetBytes(int64(len(value)))
+		for b.Loop() {
+			if r := dec.Decode(value, t0, true, &tx); r != nil {
+				b.Fatal(r)
+			}
+		}
+	}
+	b.Run("codec=fast", func(b *testing.B) { run(b, &fastDecoder{limits: l}) })
+	b.Run("codec=goavro", func(b *testing.B) {
+		dec, err := newGoavroDecoder(schemas.Transaction, l)
+		if err != nil {
+			b.Fatal(err)
+		}
+		run(b, dec)
+	})
+	b.Run("codec=twmb-avro", func(b *testing.B) { run(b, newTwmbDecoder(b, l)) })
+}
+
+func BenchmarkEncodeFeatures(b *testing.B) {
+	f := exampleFeatures() // four windows, the default set
+	b.Run("codec=fast", func(b *testing.B) {
+		buf := make([]byte, 0, 256)
+		b.ReportAllocs()
+		for b.Loop() {
+			buf = AppendFeatures(buf[:0], &f)
+		}
+		b.SetBytes(int64(len(buf)))
+	})
+	b.Run("codec=goavro", func(b *testing.B) {
+		buf := make([]byte, 0, 256)
+		b.ReportAllocs()
+		for b.Loop() {
+			var err error
+			if buf, err = goavroFeatures(buf[:0], &f); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.SetBytes(int64(len(buf)))
+	})
+	b.Run("codec=twmb-avro", func(b *testing.B) {
+		s := avro.MustParse(schemas.VelocityFeatures)
+		tf := toTwmbFeatures(&f)
+		buf := make([]byte, 0, 256)
+		b.ReportAllocs()
+		for b.Loop() {
+			var err error
+			if buf, err = s.AppendEncode(buf[:0], &tf); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.SetBytes(int64(len(buf)))
+	})
+}
+
+// twmbTx and twmbFeatures mirror our schemas for github.com/twmb/avro, which
+// maps by struct tags.
+type twmbTx struct {
+	EventID     string `avro:"event_id"`
+	EntityID    string `avro:"entity_id"`
+	AmountMinor int64  `avro:"amount_minor"`
+	Currency    string `avro:"currency"`
+	EventTime   int64  `avro:"event_time"`
+}
+
+type twmbWindow struct {
+	Name     string `avro:"window"`
+	WindowMs int64  `avro:"window_ms"`
+	BucketMs int64  `avro:"bucket_ms"`
+	Count    int64  `avro:"count"`
+	SumMinor int64  `avro:"sum_minor"`
+	MinMinor int64  `avro:"min_minor"`
+	MaxMinor int64  `avro:"max_minor"`
+}
+
+type twmbFeatures struct {
+	EventID         string       `avro:"event_id"`
+	EntityID        string       `avro:"entity_id"`
+	EventTime       int64        `avro:"event_time"`
+	Windows         []twmbWindow `avro:"windows"`
+	MsSincePrevious *int64       `avro:"ms_since_previous"`
+	Late            bool         `avro:"late"`
+	SourceTopic     string       `avro:"source_topic"`
+	SourcePartition int32        `avro:"source_partition"`
+	SourceOffset    int64        `avro:"source_offset"`
+}
+
+func toTwmbFeatures(f *Features) twmbFeatures {
+	tf := twmbFeatures{EventID: f.EventID, EntityID: f.EntityID, EventTime: f.EventTime, Late: f.Late,
+		SourceTopic: f.SourceTopic, SourcePartition: f.SourcePartition, SourceOffset: f.SourceOffset}
+	for _, w := range f.Windows {
+		tf.Windows = append(tf.Windows, twmbWindow(w))
+	}
+	if f.HasPrevious {
+		v := f.MsSincePrevious
+		tf.MsSincePrevious = &v
+	}
+	return tf
+}
+
+// twmbDecoder is the Decoder we would ship if twmb/avro were the fastest: its
+// decode into a mirror struct, then the shared validation.
+type twmbDecoder struct {
+	s      *avro.Schema
+	limits Limits
+}
+
+func newTwmbDecoder(tb testing.TB, l Limits) *twmbDecoder {
+	s, err := avro.Parse(schemas.Transaction)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return &twmbDecoder{s: s, limits: l}
+}
+
+func (d *twmbDecoder) Decode(value []byte, maxSeen int64, hasMaxSeen bool, tx *Transaction) *Rejection {
+	if len(value) > d.limits.MaxRecordBytes {
+		return tooLarge(len(value), d.limits.MaxRecordBytes)
+	}
+	var t twmbTx
+	rest, err := d.s.Decode(value, &t)
+	if err != nil {
+		return &Rejection{ReasonDecode, err.Error()}
+	}
+	if len(rest) != 0 {
+		return &Rejection{ReasonDecode, "trailing bytes after the record"}
+	}
+	*tx = Transaction(t)
+	return validate(tx, &d.limits, maxSeen, hasMaxSeen)
+}
