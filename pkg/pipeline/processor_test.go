@@ -4,10 +4,10 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
-	"sort"
 	"testing"
 	"time"
 
+	"github.com/velocity-consumer/velocity-consumer/internal/oracle"
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/watermark"
 	"github.com/velocity-consumer/velocity-consumer/pkg/window"
@@ -140,87 +140,14 @@ func TestExamples(t *testing.T) {
 	}
 }
 
-// oracle recomputes every output from the contract's definitions with no
-// buckets or rings: a slow, obviously correct reference.
-type oracleEvent struct {
-	off, t, amount int64
-	id, entity     string
-	valid          bool
-}
+type oracleEvent = oracle.Event
 
-func oracle(evs []oracleEvent, specs []window.Spec, lateness int64) map[int64]result {
+func runOracle(evs []oracleEvent, specs []window.Spec, lateness int64) map[int64]result {
 	out := map[int64]result{}
-	seen := map[string]int64{} // id -> event time it was accepted with
-	var maxSeen int64
-	hasMax := false
-	var counted []oracleEvent
-	for _, e := range evs {
-		switch {
-		case !e.valid:
-			out[e.off] = result{dead: true, reason: codec.Invalid("entity_id")}
-		case isDuplicate(seen, e.id, maxSeen, hasMax):
-			out[e.off] = result{dead: true, reason: codec.ReasonDuplicate}
-		case hasMax && e.t < maxSeen-lateness:
-			out[e.off] = result{dead: true, reason: codec.ReasonLate}
-		default:
-			seen[e.id] = e.t
-			if !hasMax || e.t > maxSeen {
-				maxSeen, hasMax = e.t, true
-			}
-			counted = append(counted, e)
-		}
-	}
-	sort.Slice(counted, func(i, j int) bool {
-		a, b := counted[i], counted[j]
-		return a.t < b.t || a.t == b.t && a.off < b.off
-	})
-	for i, e := range counted {
-		f := codec.Features{EventID: e.id, EntityID: e.entity, EventTime: e.t, SourceTopic: "tx", SourceOffset: e.off}
-		for _, s := range specs {
-			k := floorDiv(e.t, s.BucketMs)
-			w := codec.WindowAgg{Name: s.Name, WindowMs: s.WindowMs, BucketMs: s.BucketMs}
-			for _, o := range counted[:i+1] {
-				if o.entity != e.entity {
-					continue
-				}
-				if ko := floorDiv(o.t, s.BucketMs); ko < k-int64(s.Buckets)+1 || ko > k {
-					continue
-				}
-				if w.Count == 0 || o.amount < w.MinMinor {
-					w.MinMinor = o.amount
-				}
-				if w.Count == 0 || o.amount > w.MaxMinor {
-					w.MaxMinor = o.amount
-				}
-				w.Count++
-				w.SumMinor += o.amount
-			}
-			f.Windows = append(f.Windows, w)
-		}
-		for j := i - 1; j >= 0; j-- {
-			if counted[j].entity == e.entity {
-				f.MsSincePrevious, f.HasPrevious = e.t-counted[j].t, true
-				break
-			}
-		}
-		out[e.off] = result{f: f}
+	for off, r := range oracle.Compute(oracle.Config{Specs: specs, LatenessMs: lateness, Topic: "tx"}, evs) {
+		out[off] = result{dead: r.Dead, reason: r.Reason, f: r.Features}
 	}
 	return out
-}
-
-// isDuplicate: an id is remembered while the event time it was accepted with is
-// within the dedupe horizon (default 24 h) of the newest accepted event time.
-func isDuplicate(seen map[string]int64, id string, maxSeen int64, hasMax bool) bool {
-	t0, ok := seen[id]
-	return ok && (!hasMax || t0 >= maxSeen-watermark.DefaultDedupeHorizon)
-}
-
-func floorDiv(a, b int64) int64 {
-	q := a / b
-	if a%b != 0 && (a < 0) != (b < 0) {
-		q--
-	}
-	return q
 }
 
 // randomStream makes a stream with bursts, equal timestamps, gaps longer than
@@ -238,17 +165,17 @@ func randomStream(rng *rand.Rand, n int) []oracleEvent {
 		default:
 			now += rng.Int64N(4000)
 		}
-		e := oracleEvent{off: int64(i), t: now, amount: rng.Int64N(100_000), id: fmt.Sprintf("id-%d", i), entity: entities[rng.IntN(len(entities))], valid: true}
+		e := oracleEvent{Offset: int64(i), Time: now, Amount: rng.Int64N(100_000), ID: fmt.Sprintf("id-%d", i), Entity: entities[rng.IntN(len(entities))]}
 		switch r := rng.Float64(); {
 		case r < 0.15:
-			e.t -= rng.Int64N(3000) // jitter, sometimes beyond the lateness
+			e.Time -= rng.Int64N(3000) // jitter, sometimes beyond the lateness
 		case r < 0.18:
-			e.t -= rng.Int64N(120_000) // usually late
+			e.Time -= rng.Int64N(120_000) // usually late
 		case r < 0.22 && i > 0:
 			prev := evs[rng.IntN(len(evs))]
-			e.id = prev.id // a resend
+			e.ID = prev.ID // a resend
 		case r < 0.24:
-			e.valid = false
+			e.Invalid = codec.Invalid("entity_id")
 		}
 		evs = append(evs, e)
 	}
@@ -263,17 +190,17 @@ func TestProcessorMatchesOracle(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 7))
 			lateness := []int64{0, 500, 2000}[seed%3]
 			evs := randomStream(rng, 400)
-			want := oracle(evs, sp, lateness)
+			want := runOracle(evs, sp, lateness)
 			p := newTestProcessor(t, specs, lateness, LateDLQ)
 			got := map[int64]result{}
 			emit := collect(t, got)
 			for _, e := range evs {
-				entity := e.entity
-				if !e.valid {
+				entity := e.Entity
+				if e.Invalid != "" {
 					entity = ""
 				}
-				tx := codec.Transaction{EventID: e.id, EntityID: entity, AmountMinor: e.amount, EventTime: e.t}
-				p.Process(Record{Topic: "tx", Offset: e.off, Key: []byte(entity), Value: codec.EncodeTransaction(&tx)}, emit)
+				tx := codec.Transaction{EventID: e.ID, EntityID: entity, AmountMinor: e.Amount, EventTime: e.Time}
+				p.Process(Record{Topic: "tx", Offset: e.Offset, Key: []byte(entity), Value: codec.EncodeTransaction(&tx)}, emit)
 			}
 			p.Flush(emit)
 			compareResults(t, got, want, len(evs))
@@ -308,8 +235,11 @@ func TestSnapshotResume(t *testing.T) {
 	evs := randomStream(rng, 300)
 	records := make([]Record, len(evs))
 	for i, e := range evs {
-		tx := codec.Transaction{EventID: e.id, EntityID: e.entity, AmountMinor: e.amount, EventTime: e.t}
-		records[i] = Record{Topic: "tx", Offset: e.off, Key: []byte(e.entity), Value: codec.EncodeTransaction(&tx)}
+		tx := codec.Transaction{EventID: e.ID, EntityID: e.Entity, AmountMinor: e.Amount, EventTime: e.Time}
+		if e.Invalid != "" {
+			tx.EntityID = ""
+		}
+		records[i] = Record{Topic: "tx", Offset: e.Offset, Key: []byte(tx.EntityID), Value: codec.EncodeTransaction(&tx)}
 	}
 	clean := map[int64]result{}
 	p := newTestProcessor(t, specs, 1500, LateDLQ)
