@@ -43,6 +43,25 @@ func BenchmarkDecode(b *testing.B) {
 	b.Run("codec=twmb-avro", func(b *testing.B) { run(b, newTwmbDecoder(b, l)) })
 }
 
+// BenchmarkDecodeResolved is the slow path a producer on another writer
+// schema gets: goavro decode with the writer schema, then projection onto ours.
+func BenchmarkDecodeResolved(b *testing.B) {
+	dec, err := NewDecoder(evolvedSchema, Limits{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	value := cat(varint(21), []byte("card-4242424242424242"), varint(36), []byte("9f1c2a64-7d3b-4f0e-b5a8-2c7e91d04a3f"),
+		varint(1), varint(3), []byte("vip"), varint(0), varint(12_345), varint(0), varint(1), varint(3), []byte("EUR"), varint(t0+1234))
+	var tx Transaction
+	b.ReportAllocs()
+	b.SetBytes(int64(len(value)))
+	for b.Loop() {
+		if r := dec.Decode(value, t0, true, &tx); r != nil {
+			b.Fatal(r)
+		}
+	}
+}
+
 func BenchmarkEncodeFeatures(b *testing.B) {
 	f := exampleFeatures() // four windows, the default set
 	b.Run("codec=fast", func(b *testing.B) {

@@ -258,7 +258,11 @@ func FuzzDecodeEvolved(f *testing.F) {
 		f.Fatal(err)
 	}
 	good := cat(varint(6), []byte("card-A"), varint(2), []byte("e1"), varint(1), varint(3), []byte("vip"), varint(0),
-		varint(1000), varint(0), varint(2), varint(3), []byte("EUR"), varint(t0))
+		varint(1000), varint(0), varint(1), varint(3), []byte("EUR"), varint(t0))
+	var tx Transaction
+	if r := dec.Decode(good, 0, false, &tx); r != nil || tx != (Transaction{"e1", "card-A", 1000, "EUR", t0}) {
+		f.Fatalf("seed record decodes to %+v, %v", tx, r)
+	}
 	f.Add(good)
 	f.Add(cat(varint(1), []byte("A"), varint(1), []byte("e"), varint(math.MaxInt32-1)))
 	f.Fuzz(func(t *testing.T, value []byte) {
