@@ -6,8 +6,14 @@
 // an opaque payload (pkg/pipeline's encoding) wrapped in a versioned, checksummed
 // frame, so a torn or altered file is detected and reported, never half-loaded.
 //
+// Three stores implement Store: FileStore (one directory, fsync + rename),
+// KafkaStore (a compacted topic, chunked, so a partition can move between
+// instances) and MemoryStore (tests and the demo).
+//
 // It is not a general key-value store: one snapshot per (group, topic, partition),
-// the newest and the one before it.
+// the newest and the one before it. Both are kept because recovery needs the
+// older one in two cases: the newest is corrupt, or (exactly-once mode) the
+// newest was saved for a transaction that never committed.
 package checkpoint
 
 import (
@@ -62,6 +68,11 @@ type Loaded struct {
 	// was used; CorruptErr says what was wrong with the newest.
 	FellBack   bool
 	CorruptErr error
+	// Previous is the snapshot saved before Snapshot, when it exists and is
+	// valid (nil after a fall-back: Snapshot already is the previous one).
+	// Exactly-once recovery uses it when Snapshot is ahead of the committed
+	// transaction.
+	Previous *Snapshot
 }
 
 // Frame layout, big-endian:
@@ -88,7 +99,7 @@ func Encode(snap Snapshot) []byte {
 	b = binary.BigEndian.AppendUint64(b, uint64(snap.Next))
 	b = binary.BigEndian.AppendUint64(b, uint64(len(snap.State)))
 	b = append(b, snap.State...)
-	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+	return binary.BigEndian.AppendUint32(b, crcOf(b))
 }
 
 // Decode checks and unwraps a frame made by Encode. The returned State aliases b.
@@ -100,7 +111,7 @@ func Decode(b []byte) (Snapshot, error) {
 		return Snapshot{}, fmt.Errorf("%w: bad magic", ErrCorrupt)
 	}
 	body, sum := b[:len(b)-frameTrailer], binary.BigEndian.Uint32(b[len(b)-frameTrailer:])
-	if crc32.Checksum(body, castagnoli) != sum {
+	if crcOf(body) != sum {
 		return Snapshot{}, fmt.Errorf("%w: checksum mismatch", ErrCorrupt)
 	}
 	if v := binary.BigEndian.Uint16(b[4:]); v != frameVersion {
@@ -116,3 +127,5 @@ func Decode(b []byte) (Snapshot, error) {
 	}
 	return Snapshot{Next: next, State: body[frameHeader:]}, nil
 }
+
+func crcOf(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }

@@ -91,10 +91,14 @@ func syncDir(dir string) error {
 func (s *FileStore) Load(_ context.Context, key Key) (Loaded, error) {
 	_, cur, prev := s.paths(key)
 	newest, errCur := readFrame(cur)
-	if errCur == nil {
-		return Loaded{Snapshot: newest}, nil
-	}
 	older, errPrev := readFrame(prev)
+	if errCur == nil {
+		l := Loaded{Snapshot: newest}
+		if errPrev == nil {
+			l.Previous = &older
+		}
+		return l, nil
+	}
 	switch {
 	case errPrev == nil && errors.Is(errCur, os.ErrNotExist):
 		// Crash between the two renames of a Save: .prev is the newest complete one.

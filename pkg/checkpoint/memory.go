@@ -33,7 +33,13 @@ func (s *MemoryStore) Load(_ context.Context, key Key) (Loaded, error) {
 	}
 	snap, err := Decode(pair[0])
 	if err == nil {
-		return Loaded{Snapshot: snap}, nil
+		l := Loaded{Snapshot: snap}
+		if pair[1] != nil {
+			if prev, err := Decode(pair[1]); err == nil {
+				l.Previous = &prev
+			}
+		}
+		return l, nil
 	}
 	if pair[1] == nil {
 		return Loaded{}, err

@@ -1,0 +1,249 @@
+package checkpoint
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestFrameRoundTrip(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		snap Snapshot
+	}{
+		{"empty state at offset zero", Snapshot{Next: 0, State: nil}},
+		{"small state", Snapshot{Next: 42, State: []byte("state")}},
+		{"large offset", Snapshot{Next: 1<<62 + 7, State: bytes.Repeat([]byte{0xab}, 1<<16)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := Encode(tc.snap)
+			if want := frameHeader + len(tc.snap.State) + frameTrailer; len(b) != want {
+				t.Fatalf("frame is %d bytes, want %d", len(b), want)
+			}
+			got, err := Decode(b)
+			if err != nil {
+				t.Fatalf("Decode: %v", err)
+			}
+			if got.Next != tc.snap.Next || !bytes.Equal(got.State, tc.snap.State) {
+				t.Fatalf("round trip: got next %d, %d state bytes; want next %d, %d bytes", got.Next, len(got.State), tc.snap.Next, len(tc.snap.State))
+			}
+		})
+	}
+}
+
+// TestDecodeRejects checks that every kind of damage is reported as ErrCorrupt,
+// never returned as a (half-)valid snapshot.
+func TestDecodeRejects(t *testing.T) {
+	good := Encode(Snapshot{Next: 9, State: []byte("some partition state")})
+	mutate := func(fn func(b []byte) []byte) []byte { return fn(append([]byte(nil), good...)) }
+	reframe := func(b []byte) []byte { // fix the CRC after a deliberate header change
+		body := b[:len(b)-frameTrailer]
+		return binary.BigEndian.AppendUint32(body, crcOf(body))
+	}
+	for _, tc := range []struct {
+		name string
+		b    []byte
+	}{
+		{"empty", nil},
+		{"shorter than a frame", good[:frameHeader+frameTrailer-1]},
+		{"truncated state", good[:len(good)-frameTrailer-3]},
+		{"truncated trailer", good[:len(good)-1]},
+		{"torn write: tail zeroed", mutate(func(b []byte) []byte { clear(b[len(b)/2:]); return b })},
+		{"flipped state bit", mutate(func(b []byte) []byte { b[frameHeader+2] ^= 1; return b })},
+		{"flipped crc bit", mutate(func(b []byte) []byte { b[len(b)-1] ^= 0x80; return b })},
+		{"bad magic", mutate(func(b []byte) []byte { b[0] = 'X'; return reframe(b) })},
+		{"unknown version", mutate(func(b []byte) []byte { b[5] = 99; return reframe(b) })},
+		{"length field lies", mutate(func(b []byte) []byte { b[21]++; return reframe(b) })},
+		{"negative next", mutate(func(b []byte) []byte { b[6] = 0x80; return reframe(b) })},
+		{"trailing garbage", append(append([]byte(nil), good...), 0)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			snap, err := Decode(tc.b)
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("Decode = (next %d, %d bytes), %v; want ErrCorrupt", snap.Next, len(snap.State), err)
+			}
+		})
+	}
+}
+
+// TestStoresFallBack runs every store through the same story: nothing, one
+// snapshot, two, then the newest damaged.
+func TestStoresFallBack(t *testing.T) {
+	ctx := context.Background()
+	key := Key{Group: "g/with slash", Topic: "tx", Partition: 3}
+	type corrupter func(t *testing.T)
+	for _, tc := range []struct {
+		name  string
+		store func(t *testing.T) (Store, corrupter)
+	}{
+		{"file", func(t *testing.T) (Store, corrupter) {
+			fs, err := NewFileStore(t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, cur, _ := fs.paths(key)
+			return fs, func(t *testing.T) {
+				b, err := os.ReadFile(cur)
+				if err != nil {
+					t.Fatal(err)
+				}
+				// A torn write: the file has its length but the tail never reached the disk.
+				clear(b[len(b)-8:])
+				if err := os.WriteFile(cur, b, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}},
+		{"memory", func(t *testing.T) (Store, corrupter) {
+			ms := NewMemoryStore()
+			return ms, func(t *testing.T) {
+				ms.mu.Lock()
+				pair := ms.snaps[key]
+				pair[0] = pair[0][:len(pair[0])-1]
+				ms.snaps[key] = pair
+				ms.mu.Unlock()
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, corrupt := tc.store(t)
+			defer st.Close()
+			if _, err := st.Load(ctx, key); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("Load of an empty store: %v, want ErrNotFound", err)
+			}
+			mustSave(t, st, key, Snapshot{Next: 10, State: []byte("ten")})
+			l := mustLoad(t, st, key)
+			if l.Next != 10 || string(l.State) != "ten" || l.FellBack || l.Previous != nil {
+				t.Fatalf("after one save: %+v", l)
+			}
+			mustSave(t, st, key, Snapshot{Next: 20, State: []byte("twenty")})
+			l = mustLoad(t, st, key)
+			if l.Next != 20 || l.FellBack || l.Previous == nil || l.Previous.Next != 10 || string(l.Previous.State) != "ten" {
+				t.Fatalf("after two saves: %+v", l)
+			}
+			other := key
+			other.Partition++
+			if _, err := st.Load(ctx, other); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("another partition sees a snapshot: %v", err)
+			}
+			corrupt(t)
+			l = mustLoad(t, st, key)
+			if !l.FellBack || !errors.Is(l.CorruptErr, ErrCorrupt) || l.Next != 10 || string(l.State) != "ten" || l.Previous != nil {
+				t.Fatalf("after corrupting the newest: %+v, want the previous with FellBack", l)
+			}
+		})
+	}
+}
+
+// TestFileStoreCrashStates checks the states a crash can leave between the
+// steps of FileStore.Save.
+func TestFileStoreCrashStates(t *testing.T) {
+	ctx := context.Background()
+	key := Key{Group: "g", Topic: "t", Partition: 0}
+	for _, tc := range []struct {
+		name     string
+		setup    func(t *testing.T, fs *FileStore)
+		wantNext int64
+		wantErr  error
+		fellBack bool
+	}{
+		{"crash before the renames leaves a stray tmp", func(t *testing.T, fs *FileStore) {
+			mustSave(t, fs, key, Snapshot{Next: 5, State: []byte("a")})
+			_, cur, _ := fs.paths(key)
+			writeFile(t, cur+".tmp", Encode(Snapshot{Next: 6, State: []byte("b")})[:7])
+		}, 5, nil, false},
+		{"crash between the renames: only .prev", func(t *testing.T, fs *FileStore) {
+			mustSave(t, fs, key, Snapshot{Next: 5, State: []byte("a")})
+			_, cur, prev := fs.paths(key)
+			if err := os.Rename(cur, prev); err != nil {
+				t.Fatal(err)
+			}
+		}, 5, nil, false},
+		{"both damaged", func(t *testing.T, fs *FileStore) {
+			_, cur, prev := fs.paths(key)
+			writeFile(t, cur, []byte("garbage"))
+			writeFile(t, prev, []byte("more garbage"))
+		}, 0, ErrCorrupt, false},
+		{"only a damaged .prev", func(t *testing.T, fs *FileStore) {
+			_, _, prev := fs.paths(key)
+			writeFile(t, prev, []byte("garbage"))
+		}, 0, ErrCorrupt, false},
+		{"damaged newest, good previous", func(t *testing.T, fs *FileStore) {
+			mustSave(t, fs, key, Snapshot{Next: 5, State: []byte("a")})
+			mustSave(t, fs, key, Snapshot{Next: 6, State: []byte("b")})
+			_, cur, _ := fs.paths(key)
+			writeFile(t, cur, Encode(Snapshot{Next: 6, State: []byte("b")})[:10])
+		}, 5, nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs, err := NewFileStore(t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.setup(t, fs)
+			l, err := fs.Load(ctx, key)
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) {
+					t.Fatalf("Load: %v, want %v", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Load: %v", err)
+			}
+			if l.Next != tc.wantNext || l.FellBack != tc.fellBack {
+				t.Fatalf("Load = next %d fellBack %v, want %d %v", l.Next, l.FellBack, tc.wantNext, tc.fellBack)
+			}
+		})
+	}
+}
+
+func writeFile(t *testing.T, path string, b []byte) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustSave(t *testing.T, st Store, key Key, snap Snapshot) {
+	t.Helper()
+	if err := st.Save(context.Background(), key, snap); err != nil {
+		t.Fatalf("Save %s next %d: %v", key, snap.Next, err)
+	}
+}
+
+func mustLoad(t *testing.T, st Store, key Key) Loaded {
+	t.Helper()
+	l, err := st.Load(context.Background(), key)
+	if err != nil {
+		t.Fatalf("Load %s: %v", key, err)
+	}
+	return l
+}
+
+// FuzzDecode: Decode never panics, and whatever it accepts re-encodes to the
+// same bytes (no two framings of one snapshot, nothing ignored).
+func FuzzDecode(f *testing.F) {
+	f.Add(Encode(Snapshot{Next: 1, State: []byte("x")}))
+	f.Add(Encode(Snapshot{}))
+	f.Add([]byte("VSNP"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		snap, err := Decode(b)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("error %v is not ErrCorrupt", err)
+			}
+			return
+		}
+		if again := Encode(snap); !bytes.Equal(again, b) {
+			t.Fatalf("accepted frame re-encodes differently")
+		}
+	})
+}
