@@ -6,8 +6,10 @@
 // value and names the reason when it refuses it (a dead letter's
 // velocity.reason), and AppendFeatures encodes one output value without
 // allocating. Records written with our own schema go through a hand-written
-// Avro decoder; records written with another writer schema are resolved
-// against ours with goavro.
+// Avro decoder; records written with another writer schema, and Avro object
+// container files (ContainerReader, ContainerWriter), go through goavro and
+// are resolved against ours. The hand-written codec is trusted because the
+// tests hold it byte for byte to goavro on random and fuzzed records.
 //
 // It is not for Kafka, the Confluent wire-format prefix, the schema registry,
 // or the semantics of windows, dedupe and lateness: callers strip the prefix,

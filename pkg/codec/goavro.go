@@ -178,6 +178,15 @@ func (d *goavroDecoder) Decode(value []byte, maxSeen int64, hasMaxSeen bool, tx 
 	if len(rest) != 0 {
 		return &Rejection{ReasonDecode, strconv.Itoa(len(rest)) + " trailing bytes after the record"}
 	}
+	if r := d.project(native, tx); r != nil {
+		return r
+	}
+	return validate(tx, &d.limits, maxSeen, hasMaxSeen)
+}
+
+// project resolves one goavro-decoded record onto our Transaction, without
+// validating it.
+func (d *goavroDecoder) project(native any, tx *Transaction) *Rejection {
 	m, ok := native.(map[string]any)
 	if !ok {
 		return &Rejection{ReasonDecode, fmt.Sprintf("writer schema decoded to %T, not a record", native)}
@@ -198,10 +207,8 @@ func (d *goavroDecoder) Decode(value []byte, maxSeen int64, hasMaxSeen bool, tx 
 			return r
 		}
 	}
-	if tx.EventTime, r = longField(m, "event_time", ReasonInvalidEventTime); r != nil {
-		return r
-	}
-	return validate(tx, &d.limits, maxSeen, hasMaxSeen)
+	tx.EventTime, r = longField(m, "event_time", ReasonInvalidEventTime)
+	return r
 }
 
 // unwrapUnion returns the value of a goavro union ({"branch": value}) or v
