@@ -22,17 +22,24 @@ import (
 // defaults. Decoders are stateless and safe for concurrent use.
 func NewDecoder(writerSchema string, limits Limits) (Decoder, error) {
 	limits = limits.withDefaults()
+	if limits.MaxRecordBytes < 0 || limits.MaxAheadMs < 0 {
+		return nil, fmt.Errorf("codec limits must not be negative: %+v", limits)
+	}
 	if writerSchema == "" {
 		return &fastDecoder{limits: limits}, nil
 	}
-	w, err := goavro.NewCodec(writerSchema)
+	// The compatibility check comes first even for a schema that looks like
+	// ours: the Parsing Canonical Form drops logical types, so a writer with
+	// event_time in timestamp-micros has our canonical form and a different
+	// meaning.
+	d, err := newGoavroDecoder(writerSchema, limits)
 	if err != nil {
-		return nil, fmt.Errorf("parse writer schema: %w", err)
+		return nil, err
 	}
-	if w.CanonicalSchema() == ourTransaction.CanonicalSchema() {
+	if d.codec.CanonicalSchema() == ourTransaction.CanonicalSchema() {
 		return &fastDecoder{limits: limits}, nil
 	}
-	return newGoavroDecoder(writerSchema, limits)
+	return d, nil
 }
 
 // maxGoavroBlockCount bounds the items goavro accepts in one array or map

@@ -130,6 +130,7 @@ func TestIncompatibleWriterSchemaIsRefused(t *testing.T) {
 		{"microseconds are not milliseconds", `{"type":"record","name":"T","fields":[{"name":"event_id","type":"string"},
 			{"name":"entity_id","type":"string"},{"name":"amount_minor","type":"long"},
 			{"name":"event_time","type":{"type":"long","logicalType":"timestamp-micros"}}]}`, "event_time"},
+		{"our schema in microseconds", strings.Replace(schemas.Transaction, "timestamp-millis", "timestamp-micros", 1), "event_time"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -138,6 +139,14 @@ func TestIncompatibleWriterSchemaIsRefused(t *testing.T) {
 				t.Fatalf("err = %v, want it to mention %q", err, tt.want)
 			}
 		})
+	}
+}
+
+func TestNegativeLimitsAreRefused(t *testing.T) {
+	for _, l := range []Limits{{MaxRecordBytes: -1}, {MaxAheadMs: -1}} {
+		if _, err := NewDecoder("", l); err == nil {
+			t.Errorf("NewDecoder accepted %+v", l)
+		}
 	}
 }
 
