@@ -1,0 +1,143 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+)
+
+// fakeProducer holds promises until the test acknowledges or fails them.
+type fakeProducer struct {
+	mu      sync.Mutex
+	pending []func(error)
+	got     []kgo.Record
+}
+
+func (f *fakeProducer) Produce(_ context.Context, r *kgo.Record, promise func(*kgo.Record, error)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.got = append(f.got, *r)
+	f.pending = append(f.pending, func(err error) { promise(r, err) })
+}
+
+func (f *fakeProducer) settle(err error) {
+	f.mu.Lock()
+	p := f.pending
+	f.pending = nil
+	f.mu.Unlock()
+	for _, fn := range p {
+		fn(err)
+	}
+}
+
+func TestFlushWaitsForThisPartitionOnly(t *testing.T) {
+	fp := &fakeProducer{}
+	s := New(fp, "out", "dlq", "host-1")
+	var acked []int64
+	a := s.NewTracker(func(arrival int64) { acked = append(acked, arrival) })
+	b := s.NewTracker(nil)
+
+	key, val := []byte("card-1"), []byte{1, 2, 3}
+	a.Features(key, val, 42)
+	key[0], val[0] = 'X', 9 // the sink must have copied them
+	if a.PendingBytes() != 9 {
+		t.Fatalf("pending bytes %d, want 9", a.PendingBytes())
+	}
+
+	// b has nothing in flight: its flush returns at once although a is pending.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := b.Flush(ctx); err != nil {
+		t.Fatalf("flush of an idle tracker: %v", err)
+	}
+
+	// a's flush must wait for the acknowledgement.
+	done := make(chan error, 1)
+	go func() { done <- a.Flush(ctx) }()
+	select {
+	case err := <-done:
+		t.Fatalf("flush returned before the ack: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	fp.settle(nil)
+	if err := <-done; err != nil {
+		t.Fatalf("flush: %v", err)
+	}
+	if len(acked) != 1 || acked[0] != 42 {
+		t.Fatalf("ack callback got %v", acked)
+	}
+	r := fp.got[0]
+	if r.Topic != "out" || string(r.Key) != "card-1" || r.Value[0] != 1 {
+		t.Fatalf("produced %s %q %v", r.Topic, r.Key, r.Value)
+	}
+	h := map[string]string{}
+	for _, kv := range r.Headers {
+		h[kv.Key] = string(kv.Value)
+	}
+	if h[HeaderHost] != "host-1" || h[HeaderEmittedAt] == "" {
+		t.Fatalf("features headers %v", h)
+	}
+}
+
+func TestDeadLetterHeaders(t *testing.T) {
+	fp := &fakeProducer{}
+	tr := New(fp, "out", "dlq", "h").NewTracker(nil)
+	tr.Dead(DeadLetter{Key: []byte("k"), Value: []byte{0xff}, Reason: codec.ReasonLate, Err: "too old", SourceTopic: "tx", SourcePartition: 3, SourceOffset: 17})
+	tr.Dead(DeadLetter{Key: nil, Value: []byte{1}, Reason: codec.ReasonDecode, Err: "x", SourceTopic: "tx"})
+	fp.settle(nil)
+	want := map[string]string{
+		codec.HeaderReason: "late", codec.HeaderError: "too old",
+		codec.HeaderSourceTopic: "tx", codec.HeaderSourcePartition: "3", codec.HeaderSourceOffset: "17",
+	}
+	r := fp.got[0]
+	if r.Topic != "dlq" || string(r.Key) != "k" || r.Value[0] != 0xff {
+		t.Fatalf("dead letter %s %q %v", r.Topic, r.Key, r.Value)
+	}
+	for k, v := range want {
+		found := false
+		for _, h := range r.Headers {
+			if h.Key == k && string(h.Value) == v {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("header %s=%q missing in %v", k, v, r.Headers)
+		}
+	}
+	if fp.got[1].Key != nil {
+		t.Errorf("a nil key must stay nil (not empty) in the dead letter")
+	}
+}
+
+func TestProduceErrorIsKeptNotSwallowed(t *testing.T) {
+	fp := &fakeProducer{}
+	tr := New(fp, "out", "dlq", "h").NewTracker(nil)
+	tr.Features([]byte("a"), []byte("b"), 1)
+	tr.Features([]byte("a"), []byte("c"), 1)
+	boom := errors.New("broker said no")
+	fp.settle(boom)
+	if err := tr.Err(); !errors.Is(err, boom) {
+		t.Fatalf("Err() = %v, want the produce failure", err)
+	}
+	if err := tr.Flush(context.Background()); !errors.Is(err, boom) {
+		t.Fatalf("Flush() = %v, want the produce failure", err)
+	}
+}
+
+func TestFlushTimesOut(t *testing.T) {
+	fp := &fakeProducer{}
+	tr := New(fp, "out", "dlq", "h").NewTracker(nil)
+	tr.Features([]byte("a"), []byte("b"), 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	if err := tr.Flush(ctx); !errors.Is(err, ErrFlushTimeout) {
+		t.Fatalf("Flush() = %v, want ErrFlushTimeout", err)
+	}
+	fp.settle(nil)
+}
