@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -203,8 +204,10 @@ func (p *pipelineFlags) settings() (settings, error) {
 	return s, nil
 }
 
-// openStore turns --checkpoint-store into a Store.
-func openStore(spec string) (checkpoint.Store, error) {
+// openStore turns --checkpoint-store into a Store. The kafka store needs the
+// brokers and the group: its default topic is derived from the group, so two
+// deployments never share snapshots.
+func openStore(spec string, brokers []string, group string) (checkpoint.Store, error) {
 	switch {
 	case spec == "memory":
 		return checkpoint.NewMemoryStore(), nil
@@ -218,8 +221,20 @@ func openStore(spec string) (checkpoint.Store, error) {
 			return nil, err
 		}
 		return checkpoint.NewFileStore(abs)
+	case spec == "kafka" || strings.HasPrefix(spec, "kafka://"):
+		topic := strings.TrimPrefix(strings.TrimPrefix(spec, "kafka"), "://")
+		if topic == "" {
+			topic = checkpoint.DefaultKafkaTopic(group)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		st, err := checkpoint.NewKafkaStore(ctx, checkpoint.KafkaConfig{Brokers: brokers, Topic: topic})
+		if err != nil {
+			return nil, fmt.Errorf("--checkpoint-store (VELOCITY_CHECKPOINT_STORE) %s: %w", spec, err)
+		}
+		return st, nil
 	}
-	return nil, fmt.Errorf("--checkpoint-store (VELOCITY_CHECKPOINT_STORE) %q: want file://DIR or memory", spec)
+	return nil, fmt.Errorf("--checkpoint-store (VELOCITY_CHECKPOINT_STORE) %q: want file://DIR, kafka, kafka://TOPIC or memory", spec)
 }
 
 func newLogger(level, format string) (*zap.Logger, error) {

@@ -44,7 +44,7 @@ func (r *runFlags) register(e *envFlags) {
 	e.String(&r.input, "input-topic", "transactions", "topic of Avro Transaction records")
 	e.String(&r.output, "output-topic", "velocity-features", "topic for Avro VelocityFeatures records")
 	e.String(&r.dlq, "dlq-topic", "velocity-dlq", "topic for dead letters (original bytes plus velocity.* headers)")
-	e.String(&r.store, "checkpoint-store", "file://./velocity-state", "where partition snapshots live: file://DIR or memory (state lost on restart)")
+	e.String(&r.store, "checkpoint-store", "file://./velocity-state", "where partition snapshots live: file://DIR (one machine), kafka or kafka://TOPIC (a compacted topic, default __velocity-snapshots-<group>; partitions can move between instances) or memory (state lost on restart)")
 	e.Duration(&r.interval, "checkpoint-interval", 5*time.Second, "how often each partition flushes, snapshots and commits")
 	e.String(&r.metricsAddr, "metrics-addr", ":9090", "listen address for /metrics, /healthz and /readyz (empty disables)")
 	e.String(&r.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -77,7 +77,7 @@ func (r *runFlags) serviceConfig() (service.Config, error) {
 	if r.maxPendingBytes <= 0 {
 		return c, errors.New("--max-pending-bytes (VELOCITY_MAX_PENDING_BYTES) must be positive")
 	}
-	if c.Store, err = openStore(r.store); err != nil {
+	if c.Store, err = openStore(r.store, c.Brokers, r.group); err != nil {
 		return c, err
 	}
 	host, _ := os.Hostname()

@@ -1,0 +1,120 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+)
+
+func parseRun(t *testing.T, env map[string]string, args ...string) (*runFlags, error) {
+	t.Helper()
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	var r runFlags
+	e := newEnvFlags("run", runUsage)
+	r.register(e)
+	var out bytes.Buffer
+	e.fs.SetOutput(&out)
+	err := e.Parse(args)
+	return &r, err
+}
+
+func TestFlagPrecedence(t *testing.T) {
+	tests := []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{"default", nil, nil, "transactions"},
+		{"environment", map[string]string{"VELOCITY_INPUT_TOPIC": "from-env"}, nil, "from-env"},
+		{"flag beats environment", map[string]string{"VELOCITY_INPUT_TOPIC": "from-env"}, []string{"--input-topic", "from-flag"}, "from-flag"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := parseRun(t, tc.env, tc.args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.input != tc.want {
+				t.Fatalf("input topic %q, want %q", r.input, tc.want)
+			}
+		})
+	}
+}
+
+func TestValidationErrorsNameTheFlag(t *testing.T) {
+	tests := []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string // substring of the error
+	}{
+		{"bad windows", nil, []string{"--windows", "5m:7s"}, "--windows"},
+		{"negative lateness", nil, []string{"--allowed-lateness", "-1s"}, "--allowed-lateness"},
+		{"late policy", nil, []string{"--late", "ignore"}, "--late"},
+		{"empty brokers", nil, []string{"--brokers", " , "}, "--brokers"},
+		{"output is input", nil, []string{"--output-topic", "transactions"}, "--input-topic"},
+		{"store scheme", nil, []string{"--checkpoint-store", "s3://bucket"}, "--checkpoint-store"},
+		{"ttl below window", nil, []string{"--entity-ttl", "1h"}, "--entity-ttl"},
+		{"bad env value", map[string]string{"VELOCITY_CHECKPOINT_INTERVAL": "soon"}, nil, "VELOCITY_CHECKPOINT_INTERVAL"},
+		{"writer schema missing", nil, []string{"--writer-schema", "/nonexistent.avsc"}, "--writer-schema"},
+		{"stray argument", nil, []string{"extra"}, "unexpected argument"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := parseRun(t, tc.env, tc.args...)
+			if err == nil {
+				_, err = r.serviceConfig()
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one naming %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestValidConfig(t *testing.T) {
+	r, err := parseRun(t, map[string]string{"VELOCITY_BROKERS": "a:9092,b:9092"},
+		"--checkpoint-store", "file://"+t.TempDir(), "--allowed-lateness", "2s", "--late", "apply", "--windows", "10s:1s,1m:10s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := r.serviceConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Brokers) != 2 || c.Watermark.AllowedLateness != 2000 || c.Late.String() != "apply" || len(c.Specs) != 2 || c.CheckpointInterval != 5*time.Second {
+		t.Fatalf("config %+v", c)
+	}
+}
+
+// TestHelpListsEveryEnvVar keeps --help true: every flag shows its variable.
+func TestHelpListsEveryEnvVar(t *testing.T) {
+	var r runFlags
+	e := newEnvFlags("run", runUsage)
+	r.register(e)
+	var out bytes.Buffer
+	e.fs.SetOutput(&out)
+	e.fs.Usage()
+	help := out.String()
+	for name, env := range e.env {
+		if !strings.Contains(help, "--"+name) || !strings.Contains(help, "env "+env) {
+			t.Errorf("help lacks --%s / %s", name, env)
+		}
+	}
+	if !strings.Contains(help, "never entity data") {
+		t.Errorf("help should say the metrics carry no entity data")
+	}
+}
+
+func TestUnknownCommand(t *testing.T) {
+	if code := mainErr([]string{"frobnicate"}); code != 2 {
+		t.Fatalf("exit code %d, want 2", code)
+	}
+	if code := mainErr([]string{"run", "--help"}); code != 0 {
+		t.Fatalf("--help exit code %d, want 0", code)
+	}
+}

@@ -1,0 +1,595 @@
+package checkpoint
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// KafkaStore keeps snapshots in a compacted Kafka topic, so that any instance
+// of the group can load the snapshot of a partition it was just assigned.
+//
+// Layout. Partition 0 of the topic holds manifests, one key per
+// (group, topic, partition); the other partitions hold chunks. A snapshot
+// (the same frame FileStore writes) is cut into chunks below the broker's
+// message size, each keyed by (group, topic, partition, generation, nonce,
+// index), produced to chunk partition 1 + p mod (partitions − 1). The
+// manifest names the generation, chunk count, length, CRC32C and the offset
+// of the first chunk, and repeats the previous generation's entry as the
+// fallback.
+//
+// Crash-safety invariant: a manifest is produced only after every chunk it
+// names has been acknowledged by all in-sync replicas, and chunks are deleted
+// (tombstoned) only once they are two generations old, so every manifest a
+// reader can see names complete chunks for both of its entries. A crash
+// mid-Save leaves orphan chunks that no manifest names; they are never read,
+// and the next Save of that partition does not reuse their keys (fresh nonce).
+//
+// Compaction keeps the last manifest per key and never removes a live chunk:
+// chunk keys are unique and only tombstoned deliberately. Offsets survive
+// compaction, so a reader seeks straight to a manifest's first chunk.
+//
+// Load is bounded: it lists the end offsets first and reads no further.
+type KafkaStore struct {
+	cl         *kgo.Client
+	adm        *kadm.Client
+	readOpts   []kgo.Opt // seeds and the caller's options, for the loaders' clients
+	topic      string
+	partitions int32
+	chunkSize  int
+
+	mu        sync.Mutex
+	manifests map[Key]manifest // last manifest written or read per key
+}
+
+// KafkaConfig configures NewKafkaStore.
+type KafkaConfig struct {
+	Brokers []string
+	// Topic is the snapshot topic; created compacted if missing.
+	Topic string
+	// Partitions is used when the topic is created: 1 manifest partition plus
+	// chunk partitions. Default 1 + 8. An existing topic keeps its count.
+	Partitions int32
+	// ChunkBytes caps one chunk record's value. Default: 900 KiB, lowered to
+	// fit the topic's max.message.bytes.
+	ChunkBytes int
+	// ClientOpts are extra franz-go options (TLS, SASL, logging).
+	ClientOpts []kgo.Opt
+}
+
+// DefaultKafkaTopic is the snapshot topic for a group when none is given:
+// "__velocity-snapshots-<group>", with characters Kafka does not allow in
+// topic names replaced by '_'.
+func DefaultKafkaTopic(group string) string {
+	name := "__velocity-snapshots-" + badTopicChars.ReplaceAllString(group, "_")
+	if len(name) > 249 {
+		name = name[:249]
+	}
+	return name
+}
+
+var badTopicChars = regexp.MustCompile(`[^a-zA-Z0-9._-]`)
+
+const (
+	manifestPartition = 0
+	defaultChunkBytes = 900 << 10
+	// recordOverhead is what a chunk record needs besides its value (key,
+	// headers, batch framing), kept free under max.message.bytes.
+	recordOverhead = 4 << 10
+	// idlePoll is how long a loader waits on an empty fetch before deciding
+	// the rest of the range was compacted away.
+	idlePoll = 2 * time.Second
+)
+
+// NewKafkaStore connects, creates the topic if it does not exist (compacted,
+// the broker's default replication factor) and reads its partition count and
+// max.message.bytes.
+func NewKafkaStore(ctx context.Context, cfg KafkaConfig) (*KafkaStore, error) {
+	if len(cfg.Brokers) == 0 || cfg.Topic == "" {
+		return nil, errors.New("checkpoint: kafka store needs brokers and a topic")
+	}
+	if cfg.Partitions <= 0 {
+		cfg.Partitions = 1 + 8
+	}
+	chunk := cfg.ChunkBytes
+	if chunk <= 0 {
+		chunk = defaultChunkBytes
+	}
+	opts := append([]kgo.Opt{
+		kgo.SeedBrokers(cfg.Brokers...),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.ProducerLinger(0),
+		kgo.ProducerBatchCompression(kgo.Lz4Compression(), kgo.NoCompression()),
+		kgo.ProducerBatchMaxBytes(int32(chunk + recordOverhead)),
+		kgo.RecordDeliveryTimeout(2 * time.Minute),
+	}, cfg.ClientOpts...)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: kafka store client: %w", err)
+	}
+	s := &KafkaStore{
+		cl: cl, adm: kadm.NewClient(cl), topic: cfg.Topic, chunkSize: chunk, manifests: make(map[Key]manifest),
+		readOpts: append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}, cfg.ClientOpts...),
+	}
+	if err := s.ensureTopic(ctx, cfg.Partitions); err != nil {
+		cl.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *KafkaStore) ensureTopic(ctx context.Context, partitions int32) error {
+	configs := map[string]*string{
+		"cleanup.policy": kadm.StringPtr("compact"),
+		// Let the cleaner reclaim superseded manifests and tombstoned chunks
+		// soon: a loader reads the whole manifest partition.
+		"min.cleanable.dirty.ratio": kadm.StringPtr("0.1"),
+		"segment.ms":                kadm.StringPtr(strconv.Itoa(int((time.Hour).Milliseconds()))),
+		"delete.retention.ms":       kadm.StringPtr(strconv.Itoa(int((time.Hour).Milliseconds()))),
+	}
+	resp, err := s.adm.CreateTopic(ctx, partitions, -1, configs, s.topic)
+	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+		return fmt.Errorf("checkpoint: create snapshot topic %s: %w", s.topic, err)
+	}
+	if resp.Err != nil && !errors.Is(resp.Err, kerr.TopicAlreadyExists) {
+		return fmt.Errorf("checkpoint: create snapshot topic %s: %w", s.topic, resp.Err)
+	}
+	// The topic may just have been created: wait until metadata shows every
+	// partition with a leader.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		md, err := s.adm.Metadata(ctx, s.topic)
+		if err == nil {
+			if td, ok := md.Topics[s.topic]; ok && td.Err == nil && len(td.Partitions) > 0 && allLeaders(td) {
+				s.partitions = int32(len(td.Partitions))
+				break
+			}
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("checkpoint: snapshot topic %s has no leader for every partition: %v", s.topic, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	rcs, err := s.adm.DescribeTopicConfigs(ctx, s.topic)
+	if err == nil {
+		if rc, err := rcs.On(s.topic, nil); err == nil && rc.Err == nil {
+			for _, c := range rc.Configs {
+				if c.Key == "max.message.bytes" && c.Value != nil {
+					if n, err := strconv.Atoi(*c.Value); err == nil && n-recordOverhead < s.chunkSize {
+						s.chunkSize = max(n-recordOverhead, 1<<10)
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func allLeaders(td kadm.TopicDetail) bool {
+	for _, p := range td.Partitions {
+		if p.Err != nil || p.Leader < 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// Topic is the snapshot topic's name.
+func (s *KafkaStore) Topic() string { return s.topic }
+
+// ChunkBytes is the size chunks are cut at.
+func (s *KafkaStore) ChunkBytes() int { return s.chunkSize }
+
+// entry describes one stored generation of a partition's snapshot.
+type entry struct {
+	Gen       uint64
+	Nonce     uint64
+	Next      int64
+	Chunks    uint32
+	Length    uint64
+	CRC       uint32
+	Partition int32 // chunk partition
+	First     int64 // offset of chunk 0
+}
+
+// manifest is the value of a manifest record: the newest generation and, when
+// there is one, the generation before it.
+type manifest struct {
+	Cur     entry
+	HasPrev bool
+	Prev    entry
+}
+
+// Manifest value layout, big-endian:
+//
+//	magic "VMAN" | version u16 | entry | hasPrev u8 | entry | crc32c u32
+//	entry = gen u64 | nonce u64 | next i64 | chunks u32 | length u64 | crc u32 | partition i32 | first i64
+const (
+	manifestVersion = 1
+	entryLen        = 8 + 8 + 8 + 4 + 8 + 4 + 4 + 8
+	manifestLen     = 4 + 2 + entryLen + 1 + entryLen + 4
+)
+
+var manifestMagic = [4]byte{'V', 'M', 'A', 'N'}
+
+func appendEntry(b []byte, e entry) []byte {
+	b = binary.BigEndian.AppendUint64(b, e.Gen)
+	b = binary.BigEndian.AppendUint64(b, e.Nonce)
+	b = binary.BigEndian.AppendUint64(b, uint64(e.Next))
+	b = binary.BigEndian.AppendUint32(b, e.Chunks)
+	b = binary.BigEndian.AppendUint64(b, e.Length)
+	b = binary.BigEndian.AppendUint32(b, e.CRC)
+	b = binary.BigEndian.AppendUint32(b, uint32(e.Partition))
+	return binary.BigEndian.AppendUint64(b, uint64(e.First))
+}
+
+func readEntry(b []byte) entry {
+	return entry{
+		Gen:       binary.BigEndian.Uint64(b),
+		Nonce:     binary.BigEndian.Uint64(b[8:]),
+		Next:      int64(binary.BigEndian.Uint64(b[16:])),
+		Chunks:    binary.BigEndian.Uint32(b[24:]),
+		Length:    binary.BigEndian.Uint64(b[28:]),
+		CRC:       binary.BigEndian.Uint32(b[36:]),
+		Partition: int32(binary.BigEndian.Uint32(b[40:])),
+		First:     int64(binary.BigEndian.Uint64(b[44:])),
+	}
+}
+
+func (m manifest) encode() []byte {
+	b := make([]byte, 0, manifestLen)
+	b = append(b, manifestMagic[:]...)
+	b = binary.BigEndian.AppendUint16(b, manifestVersion)
+	b = appendEntry(b, m.Cur)
+	if m.HasPrev {
+		b = append(b, 1)
+	} else {
+		b = append(b, 0)
+	}
+	b = appendEntry(b, m.Prev)
+	return binary.BigEndian.AppendUint32(b, crcOf(b))
+}
+
+func decodeManifest(b []byte) (manifest, error) {
+	if len(b) != manifestLen || [4]byte(b[:4]) != manifestMagic {
+		return manifest{}, fmt.Errorf("%w: manifest framing", ErrCorrupt)
+	}
+	if crcOf(b[:len(b)-4]) != binary.BigEndian.Uint32(b[len(b)-4:]) {
+		return manifest{}, fmt.Errorf("%w: manifest checksum mismatch", ErrCorrupt)
+	}
+	if v := binary.BigEndian.Uint16(b[4:]); v != manifestVersion {
+		return manifest{}, fmt.Errorf("%w: unknown manifest version %d (this build reads %d)", ErrCorrupt, v, manifestVersion)
+	}
+	m := manifest{Cur: readEntry(b[6:]), HasPrev: b[6+entryLen] == 1, Prev: readEntry(b[7+entryLen:])}
+	for _, e := range []entry{m.Cur, m.Prev} {
+		if e.Chunks == 0 && e.Gen != 0 || e.First < 0 || e.Next < 0 {
+			return manifest{}, fmt.Errorf("%w: manifest entry out of range", ErrCorrupt)
+		}
+	}
+	return m, nil
+}
+
+func manifestKey(k Key) []byte {
+	return []byte("m/" + url.PathEscape(k.Group) + "/" + url.PathEscape(k.Topic) + "/" + strconv.Itoa(int(k.Partition)))
+}
+
+func chunkKey(k Key, e entry, i uint32) []byte {
+	return fmt.Appendf(nil, "c/%s/%s/%d/%d-%016x/%d", url.PathEscape(k.Group), url.PathEscape(k.Topic), k.Partition, e.Gen, e.Nonce, i)
+}
+
+func (s *KafkaStore) chunkPartition(k Key) int32 {
+	if s.partitions <= 1 {
+		return manifestPartition
+	}
+	p := k.Partition % (s.partitions - 1)
+	if p < 0 {
+		p = -p
+	}
+	return 1 + p
+}
+
+// Save implements Store: chunks first, then the manifest that makes them
+// visible, then tombstones for the generation that is no longer referenced.
+func (s *KafkaStore) Save(ctx context.Context, key Key, snap Snapshot) error {
+	prev, hasPrev, err := s.lastManifest(ctx, key)
+	if err != nil {
+		return fmt.Errorf("save snapshot %s: %w", key, err)
+	}
+	frame := Encode(snap)
+	e := entry{
+		Next:      snap.Next,
+		Length:    uint64(len(frame)),
+		CRC:       crcOf(frame),
+		Partition: s.chunkPartition(key),
+		Nonce:     randomNonce(),
+		Chunks:    uint32((len(frame) + s.chunkSize - 1) / s.chunkSize),
+	}
+	if hasPrev {
+		e.Gen = prev.Cur.Gen + 1
+	} else {
+		e.Gen = 1
+	}
+	recs := make([]*kgo.Record, 0, e.Chunks)
+	for i := uint32(0); i < e.Chunks; i++ {
+		lo := int(i) * s.chunkSize
+		hi := min(lo+s.chunkSize, len(frame))
+		recs = append(recs, &kgo.Record{Topic: s.topic, Partition: e.Partition, Key: chunkKey(key, e, i), Value: frame[lo:hi]})
+	}
+	res := s.cl.ProduceSync(ctx, recs...)
+	if err := res.FirstErr(); err != nil {
+		return fmt.Errorf("save snapshot %s: produce chunks to %s: %w", key, s.topic, err)
+	}
+	// ProduceSync returns results in order; chunks are in one partition from
+	// one producer, so chunk 0 has the lowest offset.
+	e.First = res[0].Record.Offset
+	for _, r := range res {
+		e.First = min(e.First, r.Record.Offset)
+	}
+
+	m := manifest{Cur: e}
+	if hasPrev {
+		m.HasPrev, m.Prev = true, prev.Cur
+	}
+	// The invariant above: every chunk is acknowledged before this manifest
+	// is produced.
+	if err := s.cl.ProduceSync(ctx, &kgo.Record{Topic: s.topic, Partition: manifestPartition, Key: manifestKey(key), Value: m.encode()}).FirstErr(); err != nil {
+		return fmt.Errorf("save snapshot %s: produce manifest to %s: %w", key, s.topic, err)
+	}
+	s.mu.Lock()
+	s.manifests[key] = m
+	s.mu.Unlock()
+
+	// The generation the old manifest kept as its fallback is now referenced
+	// by no manifest: tombstone its chunks so compaction reclaims them. A
+	// failure here only leaves garbage behind, so it is not an error.
+	if hasPrev && prev.HasPrev {
+		old := prev.Prev
+		tomb := make([]*kgo.Record, 0, old.Chunks)
+		for i := uint32(0); i < old.Chunks; i++ {
+			tomb = append(tomb, &kgo.Record{Topic: s.topic, Partition: old.Partition, Key: chunkKey(key, old, i)})
+		}
+		_ = s.cl.ProduceSync(ctx, tomb...).FirstErr()
+	}
+	return nil
+}
+
+func randomNonce() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.BigEndian.Uint64(b[:])
+}
+
+// lastManifest returns the newest manifest for key, from memory when this
+// store wrote or read it last, else from the topic.
+func (s *KafkaStore) lastManifest(ctx context.Context, key Key) (manifest, bool, error) {
+	s.mu.Lock()
+	m, ok := s.manifests[key]
+	s.mu.Unlock()
+	if ok {
+		return m, true, nil
+	}
+	ms, err := s.readManifests(ctx, key)
+	if err != nil {
+		return manifest{}, false, err
+	}
+	if len(ms) == 0 {
+		return manifest{}, false, nil
+	}
+	return ms[len(ms)-1], true, nil
+}
+
+// readManifests reads the manifest partition up to its current end and
+// returns the valid manifests for key, oldest first, starting after the last
+// tombstone. Corrupt manifest records are skipped: the one before stands.
+func (s *KafkaStore) readManifests(ctx context.Context, key Key) ([]manifest, error) {
+	want := string(manifestKey(key))
+	var out []manifest
+	err := s.scan(ctx, manifestPartition, -1, func(r *kgo.Record) bool {
+		if string(r.Key) != want {
+			return true
+		}
+		if r.Value == nil {
+			out = out[:0]
+			return true
+		}
+		if m, err := decodeManifest(r.Value); err == nil {
+			out = append(out, m)
+		}
+		return true
+	})
+	return out, err
+}
+
+// scan reads partition p of the topic from offset from (-1: the start) up to
+// the end offset listed when it begins, calling fn for each record until fn
+// returns false.
+func (s *KafkaStore) scan(ctx context.Context, p int32, from int64, fn func(*kgo.Record) bool) error {
+	ends, err := s.adm.ListEndOffsets(ctx, s.topic)
+	if err != nil {
+		return fmt.Errorf("list end offsets of %s: %w", s.topic, err)
+	}
+	end, ok := ends.Lookup(s.topic, p)
+	if !ok || end.Err != nil {
+		return fmt.Errorf("list end offset of %s/%d: %v", s.topic, p, end.Err)
+	}
+	starts, err := s.adm.ListStartOffsets(ctx, s.topic)
+	if err != nil {
+		return fmt.Errorf("list start offsets of %s: %w", s.topic, err)
+	}
+	start, _ := starts.Lookup(s.topic, p)
+	if from < start.Offset {
+		from = start.Offset
+	}
+	if from >= end.Offset {
+		return nil
+	}
+	cl, err := kgo.NewClient(append(append([]kgo.Opt(nil), s.readOpts...),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{s.topic: {p: kgo.NewOffset().At(from)}}),
+		kgo.FetchMaxBytes(64<<20),
+		kgo.FetchMaxPartitionBytes(64<<20),
+		kgo.FetchMaxWait(200*time.Millisecond),
+	)...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	for {
+		// A poll that stays empty means compaction removed everything left
+		// before the end offset: there is nothing more to read.
+		pctx, cancel := context.WithTimeout(ctx, idlePoll)
+		fs := cl.PollFetches(pctx)
+		cancel()
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("read %s/%d up to offset %d: %w", s.topic, p, end.Offset, err)
+		}
+		if pctx.Err() != nil && fs.NumRecords() == 0 {
+			return nil
+		}
+		var ferr error
+		fs.EachError(func(_ string, _ int32, err error) {
+			if !errors.Is(err, context.DeadlineExceeded) {
+				ferr = err
+			}
+		})
+		if ferr != nil {
+			return fmt.Errorf("read %s/%d: %w", s.topic, p, ferr)
+		}
+		done := false
+		fs.EachRecord(func(r *kgo.Record) {
+			if done {
+				return
+			}
+			if r.Offset >= end.Offset {
+				done = true
+				return
+			}
+			if !fn(r) || r.Offset >= end.Offset-1 {
+				done = true
+			}
+		})
+		if done {
+			return nil
+		}
+		// Compaction can remove the records just before the end offset; the
+		// fetch's high watermark tells us we have seen all there is.
+		reached := false
+		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
+			if n := len(fp.Records); n > 0 && fp.HighWatermark >= 0 && fp.Records[n-1].Offset+1 >= fp.HighWatermark {
+				reached = true
+			}
+		})
+		if reached {
+			return nil
+		}
+	}
+}
+
+// Load implements Store.
+func (s *KafkaStore) Load(ctx context.Context, key Key) (Loaded, error) {
+	ms, err := s.readManifests(ctx, key)
+	if err != nil {
+		return Loaded{}, fmt.Errorf("load snapshot %s: %w", key, err)
+	}
+	if len(ms) == 0 {
+		return Loaded{}, ErrNotFound
+	}
+	m := ms[len(ms)-1]
+	s.mu.Lock()
+	s.manifests[key] = m
+	s.mu.Unlock()
+
+	es := []entry{m.Cur}
+	if m.HasPrev {
+		es = append(es, m.Prev)
+	}
+	snaps, errs := s.readEntries(ctx, key, es)
+	if errs[0] == nil {
+		l := Loaded{Snapshot: snaps[0]}
+		if len(es) > 1 && errs[1] == nil {
+			l.Previous = &snaps[1]
+		}
+		return l, nil
+	}
+	if len(es) > 1 && errs[1] == nil {
+		return Loaded{Snapshot: snaps[1], FellBack: true, CorruptErr: fmt.Errorf("generation %d: %w", m.Cur.Gen, errs[0])}, nil
+	}
+	if len(es) > 1 {
+		return Loaded{}, fmt.Errorf("load snapshot %s: newest: %w; previous: %v", key, errs[0], errs[1])
+	}
+	return Loaded{}, fmt.Errorf("load snapshot %s: %w", key, errs[0])
+}
+
+// readEntries reads the chunks of every entry in one pass over their chunk
+// partition (entries of one key share it) and checks each reassembled frame.
+func (s *KafkaStore) readEntries(ctx context.Context, key Key, es []entry) ([]Snapshot, []error) {
+	snaps := make([]Snapshot, len(es))
+	errs := make([]error, len(es))
+	chunks := make([][][]byte, len(es))
+	missing := 0
+	want := map[string][2]int{} // chunk key -> entry, index
+	from := int64(-1)
+	for i, e := range es {
+		chunks[i] = make([][]byte, e.Chunks)
+		missing += int(e.Chunks)
+		for c := uint32(0); c < e.Chunks; c++ {
+			want[string(chunkKey(key, e, c))] = [2]int{i, int(c)}
+		}
+		if from < 0 || e.First < from {
+			from = e.First
+		}
+	}
+	err := s.scan(ctx, es[0].Partition, from, func(r *kgo.Record) bool {
+		at, ok := want[string(r.Key)]
+		if !ok || r.Value == nil || chunks[at[0]][at[1]] != nil {
+			return true
+		}
+		chunks[at[0]][at[1]] = r.Value
+		missing--
+		return missing > 0
+	})
+	for i, e := range es {
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		frame := make([]byte, 0, e.Length)
+		for c, b := range chunks[i] {
+			if b == nil {
+				errs[i] = fmt.Errorf("%w: chunk %d of %d missing from %s/%d", ErrCorrupt, c, e.Chunks, s.topic, e.Partition)
+				break
+			}
+			frame = append(frame, b...)
+		}
+		if errs[i] != nil {
+			continue
+		}
+		if uint64(len(frame)) != e.Length || crcOf(frame) != e.CRC {
+			errs[i] = fmt.Errorf("%w: reassembled snapshot does not match its manifest", ErrCorrupt)
+			continue
+		}
+		snap, err := Decode(frame)
+		if err == nil && snap.Next != e.Next {
+			err = fmt.Errorf("%w: snapshot offset %d differs from its manifest's %d", ErrCorrupt, snap.Next, e.Next)
+		}
+		snaps[i], errs[i] = snap, err
+	}
+	return snaps, errs
+}
+
+// Close implements Store.
+func (s *KafkaStore) Close() error {
+	s.cl.Close()
+	return nil
+}

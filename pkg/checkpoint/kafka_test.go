@@ -1,0 +1,201 @@
+package checkpoint
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// newFakeKafkaStore returns a KafkaStore on an in-process kfake cluster (the
+// real-broker behaviour is covered by integration/). chunk is tiny so that
+// every snapshot spans several chunks.
+func newFakeKafkaStore(t *testing.T, chunk int) (*KafkaStore, []string) {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return openFake(t, c.ListenAddrs(), chunk), c.ListenAddrs()
+}
+
+func openFake(t *testing.T, addrs []string, chunk int) *KafkaStore {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := NewKafkaStore(ctx, KafkaConfig{Brokers: addrs, Topic: DefaultKafkaTopic("grp/1"), Partitions: 3, ChunkBytes: chunk})
+	if err != nil {
+		t.Fatalf("NewKafkaStore: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestDefaultKafkaTopic(t *testing.T) {
+	for _, tc := range []struct{ group, want string }{
+		{"velocity", "__velocity-snapshots-velocity"},
+		{"team/a b", "__velocity-snapshots-team_a_b"},
+	} {
+		if got := DefaultKafkaTopic(tc.group); got != tc.want {
+			t.Errorf("DefaultKafkaTopic(%q) = %q, want %q", tc.group, got, tc.want)
+		}
+	}
+}
+
+func TestManifestRoundTripAndDamage(t *testing.T) {
+	m := manifest{Cur: entry{Gen: 7, Nonce: 99, Next: 1234, Chunks: 3, Length: 2500, CRC: 0xdeadbeef, Partition: 2, First: 40}, HasPrev: true,
+		Prev: entry{Gen: 6, Nonce: 1, Next: 1000, Chunks: 1, Length: 10, CRC: 5, Partition: 2, First: 30}}
+	b := m.encode()
+	got, err := decodeManifest(b)
+	if err != nil || got != m {
+		t.Fatalf("round trip: %+v, %v", got, err)
+	}
+	for i := range b {
+		bad := append([]byte(nil), b...)
+		bad[i] ^= 0x10
+		if _, err := decodeManifest(bad); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("flipping a bit of byte %d: %v, want ErrCorrupt", i, err)
+		}
+	}
+	if _, err := decodeManifest(b[:len(b)-1]); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("truncated manifest: %v", err)
+	}
+}
+
+func TestKafkaStore(t *testing.T) {
+	ctx := context.Background()
+	s, addrs := newFakeKafkaStore(t, 64)
+	key := Key{Group: "grp/1", Topic: "tx", Partition: 5}
+	if _, err := s.Load(ctx, key); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("empty store: %v, want ErrNotFound", err)
+	}
+	state := func(i int) []byte { return bytes.Repeat([]byte{byte(i)}, 100+i*37) }
+	for i := 1; i <= 4; i++ {
+		mustSave(t, s, key, Snapshot{Next: int64(i * 100), State: state(i)})
+	}
+	// Another instance (fresh store, nothing cached) sees the newest and the previous.
+	other := openFake(t, addrs, 64)
+	l := mustLoad(t, other, key)
+	if l.Next != 400 || !bytes.Equal(l.State, state(4)) || l.FellBack || l.Previous == nil || l.Previous.Next != 300 || !bytes.Equal(l.Previous.State, state(3)) {
+		t.Fatalf("load after four saves: next %d prev %v fellBack %v", l.Next, l.Previous != nil, l.FellBack)
+	}
+	if _, err := other.Load(ctx, Key{Group: "grp/1", Topic: "tx", Partition: 6}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("another partition: %v, want ErrNotFound", err)
+	}
+
+	// The other instance continues the chain (a partition moved).
+	mustSave(t, other, key, Snapshot{Next: 500, State: state(5)})
+	if l = mustLoad(t, s, key); l.Next != 500 || l.Previous == nil || l.Previous.Next != 400 {
+		t.Fatalf("after a save from the other instance: next %d", l.Next)
+	}
+
+	// Generations 1..3 are tombstoned; 4 and 5 are not.
+	live := countLiveChunks(t, addrs, s.topic, s.chunkPartition(key))
+	wantLive := chunksOf(s, state(4)) + chunksOf(s, state(5))
+	if live != wantLive {
+		t.Fatalf("%d live chunk records after tombstoning, want %d (generations 4 and 5)", live, wantLive)
+	}
+
+	// A crash mid-Save: chunks of generation 6 without a manifest. Invisible.
+	cl := fakeClient(t, addrs)
+	e := entry{Gen: 6, Nonce: 1}
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: s.topic, Partition: s.chunkPartition(key), Key: chunkKey(key, e, 0), Value: []byte("orphan")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if l = mustLoad(t, openFake(t, addrs, 64), key); l.Next != 500 || l.FellBack {
+		t.Fatalf("orphan chunks changed the load: next %d fellBack %v", l.Next, l.FellBack)
+	}
+
+	// A manifest whose newest generation lost a chunk: fall back to the previous.
+	m, _, err := s.lastManifest(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	broken := manifest{Cur: m.Cur, HasPrev: true, Prev: m.Prev}
+	broken.Cur.Chunks++ // names a chunk that does not exist
+	broken.Cur.Length += 64
+	produceManifest(t, cl, s, key, broken.encode())
+	l = mustLoad(t, openFake(t, addrs, 64), key)
+	if !l.FellBack || !errors.Is(l.CorruptErr, ErrCorrupt) || l.Next != 400 || !bytes.Equal(l.State, state(4)) {
+		t.Fatalf("missing chunk: next %d fellBack %v err %v, want the previous (400)", l.Next, l.FellBack, l.CorruptErr)
+	}
+
+	// A corrupt manifest record is skipped: the one before it stands.
+	produceManifest(t, cl, s, key, m.encode())
+	produceManifest(t, cl, s, key, []byte("not a manifest"))
+	if l = mustLoad(t, openFake(t, addrs, 64), key); l.Next != 500 || l.FellBack {
+		t.Fatalf("corrupt manifest record: next %d fellBack %v, want 500", l.Next, l.FellBack)
+	}
+}
+
+func chunksOf(s *KafkaStore, state []byte) int {
+	n := len(Encode(Snapshot{State: state}))
+	return (n + s.chunkSize - 1) / s.chunkSize
+}
+
+func fakeClient(t *testing.T, addrs []string) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+func produceManifest(t *testing.T, cl *kgo.Client, s *KafkaStore, key Key, v []byte) {
+	t.Helper()
+	if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: s.topic, Partition: manifestPartition, Key: manifestKey(key), Value: v}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// countLiveChunks counts chunk keys whose last record is not a tombstone.
+func countLiveChunks(t *testing.T, addrs []string, topic string, p int32) int {
+	t.Helper()
+	s := &KafkaStore{topic: topic, readOpts: []kgo.Opt{kgo.SeedBrokers(addrs...)}}
+	cl := fakeClient(t, addrs)
+	s.cl = cl
+	s.adm = kadmClient(cl)
+	last := map[string]bool{}
+	if err := s.scan(context.Background(), p, -1, func(r *kgo.Record) bool {
+		last[string(r.Key)] = r.Value != nil
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for k, alive := range last {
+		if alive {
+			n++
+		}
+		_ = k
+	}
+	return n
+}
+
+func TestKafkaStoreSnapshotLargerThanAChunk(t *testing.T) {
+	for _, size := range []int{0, 1, 63, 64, 65, 1000} {
+		t.Run(fmt.Sprint(size), func(t *testing.T) {
+			s, _ := newFakeKafkaStore(t, 64)
+			key := Key{Group: "g", Topic: "t", Partition: 0}
+			st := bytes.Repeat([]byte{7}, size)
+			mustSave(t, s, key, Snapshot{Next: 3, State: st})
+			s.mu.Lock()
+			clear(s.manifests) // force a read from the topic
+			s.mu.Unlock()
+			if l := mustLoad(t, s, key); l.Next != 3 || !bytes.Equal(l.State, st) {
+				t.Fatalf("state of %d bytes did not round-trip", size)
+			}
+		})
+	}
+}
+
+func kadmClient(cl *kgo.Client) *kadm.Client { return kadm.NewClient(cl) }
