@@ -29,8 +29,9 @@ also be set through the environment as VELOCITY_<FLAG_NAME>, e.g.
 --input-topic is VELOCITY_INPUT_TOPIC.`
 
 var commands = map[string]func(context.Context, []string) error{
-	"run":  cmdRun,
-	"demo": cmdDemo,
+	"run":    cmdRun,
+	"demo":   cmdDemo,
+	"replay": cmdReplay,
 }
 
 func main() {

@@ -1,0 +1,303 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+	"github.com/velocity-consumer/velocity-consumer/pkg/pipeline"
+	"github.com/velocity-consumer/velocity-consumer/pkg/replay"
+)
+
+const replayUsage = `velocity-consumer replay: backtest a topic range or a file through the live pipeline.
+
+Each input partition runs through its own processor, configured by the same
+flags as 'run', fed in offset order and flushed at the end of the range (the
+live idle release never fires: --idle-timeout is ignored). The features values
+are byte for byte those 'run' publishes for the same records.
+
+Inputs (one of):
+  --input-topic T [--from X] [--to Y] [--partitions 0,2]
+        X, Y: an offset (from inclusive, to exclusive), an RFC 3339 time (the
+        first offset whose record timestamp is at or after it), start or end
+        (end = the last stable offset when the replay starts).
+  --input-file x.avro    an Avro object container file of Transactions
+  --input-file x.jsonl   JSON lines with the Transaction field names, event_time
+                         in Unix ms; partition 0, offset = 0-based record
+                         position, source_topic = the file's base name
+
+Outputs:
+  --output topic:NAME | x.jsonl | x.parquet     features records
+  --dlq    topic:NAME | x.jsonl                 dead letters (without it they
+                                                are counted and reported only)
+Partitions are replayed in ascending order, each one's outputs in emit order.
+Files are written as NAME.partial and renamed when complete; an interrupted
+replay removes the .partial and exits non-zero.`
+
+type replayFlags struct {
+	brokers, inputTopic, inputFile string
+	from, to, partitions           string
+	output, dlq                    string
+	quiet                          bool
+	progressEvery                  time.Duration
+	logLevel, logFormat            string
+	pipe                           pipelineFlags
+}
+
+func (r *replayFlags) register(e *envFlags) {
+	e.String(&r.brokers, "brokers", "localhost:9092", "comma-separated Kafka bootstrap brokers (topic input or output)")
+	e.String(&r.inputTopic, "input-topic", "", "topic of Avro Transaction records to replay")
+	e.String(&r.inputFile, "input-file", "", "replay a file instead of a topic: NAME.avro (Avro container) or NAME.jsonl (JSON lines)")
+	e.String(&r.from, "from", "start", "first record of the topic range: offset, RFC 3339 time, or start")
+	e.String(&r.to, "to", "end", "end of the topic range (exclusive): offset, RFC 3339 time, or end")
+	e.String(&r.partitions, "partitions", "", "comma-separated partitions of the topic to replay (empty: all)")
+	e.String(&r.output, "output", "", "where features go: topic:NAME, NAME.jsonl or NAME.parquet")
+	e.String(&r.dlq, "dlq", "", "where dead letters go: topic:NAME or NAME.jsonl (empty: count them only)")
+	e.Bool(&r.quiet, "quiet", false, "no progress bar and no progress log lines")
+	e.Duration(&r.progressEvery, "progress-interval", 10*time.Second, "how often to log progress when stderr is not a terminal")
+	e.String(&r.logLevel, "log-level", "info", "debug, info, warn or error")
+	e.String(&r.logFormat, "log-format", "console", "json or console")
+	r.pipe.register(e)
+}
+
+func cmdReplay(ctx context.Context, args []string) error {
+	var r replayFlags
+	e := newEnvFlags("replay", replayUsage)
+	r.register(e)
+	if err := e.Parse(args); err != nil {
+		return err
+	}
+	log, err := newLogger(r.logLevel, r.logFormat)
+	if err != nil {
+		return err
+	}
+	defer log.Sync() //nolint:errcheck // nothing useful to do on a failed log flush at exit
+	return runReplay(ctx, &r, log)
+}
+
+func runReplay(ctx context.Context, r *replayFlags, log *zap.Logger) (err error) {
+	st, err := r.pipe.settings()
+	if err != nil {
+		return err
+	}
+	if r.output == "" {
+		return errors.New("--output (VELOCITY_OUTPUT) is required: topic:NAME, NAME.jsonl or NAME.parquet")
+	}
+	if r.pipe.idleTimeout > 0 {
+		log.Debug("--idle-timeout is live-only; replay flushes at the end of the range instead")
+	}
+
+	src, writerSchema, err := openSource(ctx, r, st.writerSchema, log)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	dec, err := codec.NewDecoder(writerSchema, st.limits)
+	if err != nil {
+		return fmt.Errorf("writer schema: %w", err)
+	}
+
+	outs := &outputs{log: log}
+	defer outs.close()
+	features, err := outs.open(ctx, r, r.output, st, false)
+	if err != nil {
+		return err
+	}
+	var dead replay.Sink
+	if r.dlq != "" {
+		if dead, err = outs.open(ctx, r, r.dlq, st, true); err != nil {
+			return err
+		}
+	}
+	if topic, ok := strings.CutPrefix(r.output, "topic:"); ok && topic == src.Topic() && r.inputFile == "" {
+		return errors.New("--output names the input topic: the replay would read its own output")
+	}
+
+	prog := replay.NewProgress(src)
+	stopProgress := startProgress(ctx, prog, r.quiet, r.progressEvery, log)
+	start := time.Now()
+	res, err := replay.Run(ctx, src, replay.Config{
+		Pipeline: pipeline.Config{Specs: st.specs, Window: st.window, Watermark: st.watermark, Late: st.late, Decoder: dec},
+		Features: features,
+		Dead:     dead,
+		Progress: prog,
+	})
+	stopProgress()
+	if err == nil {
+		err = outs.commit(ctx)
+	}
+	if err != nil {
+		outs.abort()
+		if ctx.Err() != nil {
+			return fmt.Errorf("interrupted after %d records; no output file was completed (.partial files removed): %w", res.Records, ctx.Err())
+		}
+		return err
+	}
+	elapsed := time.Since(start)
+	fields := []zap.Field{
+		zap.String("source", src.Topic()), zap.Any("partitions", res.Partitions),
+		zap.Int64("records", res.Records), zap.Int64("features", res.Features), zap.Int64("dead_letters", res.Dead),
+		zap.Duration("elapsed", elapsed), zap.Float64("records_per_second", float64(res.Records)/max(elapsed.Seconds(), 1e-9)),
+		zap.String("output", r.output),
+	}
+	for _, reason := range res.Reasons() {
+		fields = append(fields, zap.Int64("dead_"+string(reason), res.ByReason[reason]))
+	}
+	log.Info("replay complete", fields...)
+	if dead == nil && res.Dead > 0 {
+		log.Warn("dead letters were counted but not written: give --dlq to keep them", zap.Int64("dead_letters", res.Dead))
+	}
+	return nil
+}
+
+// openSource opens the input and returns the writer schema its values use.
+func openSource(ctx context.Context, r *replayFlags, writerSchema string, log *zap.Logger) (replay.Source, string, error) {
+	switch {
+	case r.inputFile != "" && strings.HasSuffix(r.inputFile, ".jsonl"):
+		src, err := replay.OpenJSONL(r.inputFile)
+		// Values built from JSON lines are in our own schema.
+		return src, "", err
+	case r.inputFile != "" && strings.HasSuffix(r.inputFile, ".avro"):
+		src, err := replay.OpenOCF(r.inputFile)
+		if err != nil {
+			return nil, "", err
+		}
+		if writerSchema != "" {
+			log.Warn("--writer-schema ignored: an Avro container file carries its own writer schema")
+		}
+		return src, src.WriterSchema(), nil
+	case r.inputFile != "":
+		return nil, "", fmt.Errorf("--input-file %s: want a .avro (Avro container) or .jsonl (JSON lines) file", r.inputFile)
+	case r.inputTopic == "":
+		return nil, "", errors.New("give --input-topic (with --from/--to) or --input-file")
+	}
+	parts, err := parsePartitions(r.partitions)
+	if err != nil {
+		return nil, "", err
+	}
+	brokers := splitList(r.brokers)
+	if len(brokers) == 0 {
+		return nil, "", errors.New("--brokers (VELOCITY_BROKERS) is empty: give host:port of at least one broker")
+	}
+	from, err := replay.ParseBound(r.from)
+	if err != nil {
+		return nil, "", fmt.Errorf("--from (VELOCITY_FROM): %w", err)
+	}
+	to, err := replay.ParseBound(r.to)
+	if err != nil {
+		return nil, "", fmt.Errorf("--to (VELOCITY_TO): %w", err)
+	}
+	src, err := replay.OpenTopic(ctx, replay.TopicConfig{
+		Brokers: brokers, Topic: r.inputTopic, Partitions: parts, From: from, To: to,
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	for _, p := range src.Partitions() {
+		rg := src.Range(p)
+		log.Info("partition range", zap.Int32("partition", p), zap.Int64("from", rg.From), zap.Int64("to", rg.To))
+	}
+	return src, writerSchema, nil
+}
+
+func parsePartitions(s string) ([]int32, error) {
+	var out []int32
+	for _, f := range splitList(s) {
+		p, err := strconv.ParseInt(f, 10, 32)
+		if err != nil || p < 0 {
+			return nil, fmt.Errorf("--partitions (VELOCITY_PARTITIONS) %q: want comma-separated partition numbers such as 0,2", s)
+		}
+		out = append(out, int32(p))
+	}
+	return out, nil
+}
+
+// outputs opens the sinks and commits or aborts them together.
+type outputs struct {
+	log   *zap.Logger
+	sinks []replay.Sink
+	kafka *replay.KafkaSink // shared by topic:… features and dead letters
+	done  bool
+}
+
+func (o *outputs) open(ctx context.Context, r *replayFlags, spec string, st settings, dead bool) (replay.Sink, error) {
+	flagName := "--output"
+	if dead {
+		flagName = "--dlq"
+	}
+	var (
+		s   replay.Sink
+		err error
+	)
+	switch {
+	case strings.HasPrefix(spec, "topic:"):
+		topic := strings.TrimPrefix(spec, "topic:")
+		if topic == "" {
+			return nil, fmt.Errorf("%s %q: topic: needs a name", flagName, spec)
+		}
+		if o.kafka == nil {
+			host, _ := os.Hostname()
+			if o.kafka, err = replay.NewKafkaSink(ctx, splitList(r.brokers), host); err != nil {
+				return nil, err
+			}
+			o.sinks = append(o.sinks, o.kafka)
+		}
+		if dead {
+			o.kafka.SetDLQTopic(topic)
+		} else {
+			o.kafka.SetFeaturesTopic(topic)
+		}
+		return o.kafka, nil
+	case strings.HasSuffix(spec, ".jsonl") && dead:
+		s, err = replay.NewDeadJSONLSink(spec)
+	case strings.HasSuffix(spec, ".jsonl"):
+		s, err = replay.NewJSONLSink(spec)
+	case strings.HasSuffix(spec, ".parquet") && !dead:
+		s, err = replay.NewParquetSink(spec, st.specs)
+	case dead:
+		return nil, fmt.Errorf("--dlq %q: want topic:NAME or NAME.jsonl", spec)
+	default:
+		return nil, fmt.Errorf("--output %q: want topic:NAME, NAME.jsonl or NAME.parquet", spec)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flagName, err)
+	}
+	o.sinks = append(o.sinks, s)
+	return s, nil
+}
+
+func (o *outputs) commit(ctx context.Context) error {
+	var errs []error
+	for _, s := range o.sinks {
+		errs = append(errs, s.Commit(ctx))
+	}
+	o.done = true
+	return errors.Join(errs...)
+}
+
+func (o *outputs) abort() {
+	for _, s := range o.sinks {
+		if err := s.Abort(); err != nil {
+			o.log.Warn("cleaning up an unfinished output", zap.Error(err))
+		}
+	}
+	o.done = true
+}
+
+// close aborts whatever was opened but neither committed nor aborted (an
+// early return).
+func (o *outputs) close() {
+	if !o.done {
+		o.abort()
+	}
+	if o.kafka != nil {
+		o.kafka.Close()
+	}
+}

@@ -1,0 +1,103 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/velocity-consumer/velocity-consumer/pkg/pipeline"
+	"github.com/velocity-consumer/velocity-consumer/pkg/sink"
+)
+
+// KafkaSink produces features records and dead letters to topics through
+// pkg/sink, the live service's producer: same key (the entity id), same value
+// bytes, same headers (velocity.emitted_at and velocity.host on features, the
+// velocity.* dead-letter headers on dead letters), same idempotent acks=all
+// client options. One KafkaSink can serve as both the features and the
+// dead-letter sink; it routes each Output by its kind.
+type KafkaSink struct {
+	cl                    *kgo.Client
+	host                  string
+	featuresTopic, dlqTop string
+	tr                    *sink.Tracker
+	committed             bool
+}
+
+// NewKafkaSink connects a producer to brokers. Set the topics before the
+// first Write.
+func NewKafkaSink(ctx context.Context, brokers []string, host string, opts ...kgo.Opt) (*KafkaSink, error) {
+	cl, err := kgo.NewClient(append(append([]kgo.Opt{kgo.SeedBrokers(brokers...)}, sink.ProducerOpts()...), opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka producer: %w", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := cl.Ping(pctx); err != nil {
+		cl.Close()
+		return nil, fmt.Errorf("reach brokers %v: %w (check --brokers)", brokers, err)
+	}
+	return &KafkaSink{cl: cl, host: host}, nil
+}
+
+// SetFeaturesTopic names the topic for features records.
+func (k *KafkaSink) SetFeaturesTopic(t string) { k.featuresTopic = t }
+
+// SetDLQTopic names the topic for dead letters.
+func (k *KafkaSink) SetDLQTopic(t string) { k.dlqTop = t }
+
+// Write implements Sink. It blocks while the producer's buffer is full, which
+// is the replay's backpressure.
+func (k *KafkaSink) Write(o *pipeline.Output) error {
+	if k.tr == nil {
+		k.tr = sink.New(k.cl, k.featuresTopic, k.dlqTop, k.host).NewTracker(nil)
+	}
+	if o.Dead {
+		if k.dlqTop == "" {
+			return errors.New("kafka sink: a dead letter but no DLQ topic")
+		}
+		k.tr.Dead(sink.DeadLetter{
+			Key: o.Key, Value: o.Value, Reason: o.Reason, Err: o.Err,
+			SourceTopic: o.SourceTopic, SourcePartition: o.SourcePartition, SourceOffset: o.SourceOffset,
+		})
+	} else {
+		if k.featuresTopic == "" {
+			return errors.New("kafka sink: a features record but no features topic")
+		}
+		k.tr.Features(o.Key, o.Value, 0)
+	}
+	// A failed produce is kept by the tracker; stop at the first one instead
+	// of replaying the rest of the range into a broken producer.
+	return k.tr.Err()
+}
+
+// Commit implements Sink: it waits until every record is acknowledged.
+func (k *KafkaSink) Commit(ctx context.Context) error {
+	if k.committed || k.tr == nil {
+		k.committed = true
+		return nil
+	}
+	k.committed = true
+	if err := k.tr.Flush(ctx); err != nil {
+		return fmt.Errorf("kafka sink: %w", err)
+	}
+	return nil
+}
+
+// Abort implements Sink. Records already produced cannot be taken back; it
+// waits briefly for those in flight so none is left half-sent, and the
+// command says that the topic holds a partial replay.
+func (k *KafkaSink) Abort() error {
+	if k.committed || k.tr == nil {
+		return nil
+	}
+	k.committed = true
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return k.tr.Flush(ctx)
+}
+
+// Close closes the producer.
+func (k *KafkaSink) Close() { k.cl.Close() }

@@ -1,0 +1,155 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+	"github.com/velocity-consumer/velocity-consumer/pkg/pipeline"
+)
+
+// Sink receives outputs. Write is called on the replay goroutine with an
+// Output whose byte slices are valid only during the call.
+type Sink interface {
+	Write(o *pipeline.Output) error
+	// Commit makes everything written durable and visible under its final
+	// name (a file) or acknowledged (a topic). It is called once, at the end
+	// of a replay that read its whole range.
+	Commit(ctx context.Context) error
+	// Abort discards what Commit would have published, as far as that is
+	// possible (records already produced to a topic stay there). It is safe
+	// to call after Commit, when it does nothing.
+	Abort() error
+}
+
+// Config says how to run each partition and where its outputs go.
+type Config struct {
+	// Pipeline is the processor configuration shared by every partition: the
+	// same as the live service's. Topic and Partition are set per partition
+	// from the source, and Watermark.IdleTimeout is forced to 0 because a
+	// replay never releases on wall-clock idleness: it flushes at the end.
+	Pipeline pipeline.Config
+	// Features receives features records; required.
+	Features Sink
+	// Dead receives dead letters. Nil means they are only counted (Result
+	// names them by reason), which the command reports loudly.
+	Dead Sink
+	// Progress, if set, is updated as records are read and written.
+	Progress *Progress
+}
+
+// Result counts what a replay did. Every input record yields exactly one
+// output, so Records == Features + Dead after a complete replay.
+type Result struct {
+	Records    int64
+	Features   int64
+	Dead       int64
+	ByReason   map[codec.Reason]int64
+	Partitions []int32
+}
+
+// Reasons returns the dead-letter reasons in a stable order, for reports.
+func (r Result) Reasons() []codec.Reason {
+	return slices.Sorted(maps.Keys(r.ByReason))
+}
+
+// Run replays every partition of src, in ascending order, through its own
+// processor and writes the outputs to cfg's sinks. It neither commits nor
+// aborts the sinks: the caller does, once, for all of them.
+func Run(ctx context.Context, src Source, cfg Config) (Result, error) {
+	res := Result{ByReason: map[codec.Reason]int64{}}
+	if cfg.Features == nil {
+		return res, errors.New("replay: a features sink is required")
+	}
+	prog := cfg.Progress
+	if prog == nil {
+		prog = new(Progress)
+	}
+	for _, p := range src.Partitions() {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		if err := runPartition(ctx, src, p, cfg, prog, &res); err != nil {
+			return res, err
+		}
+		res.Partitions = append(res.Partitions, p)
+	}
+	return res, nil
+}
+
+func runPartition(ctx context.Context, src Source, p int32, cfg Config, prog *Progress, res *Result) error {
+	pc := cfg.Pipeline
+	pc.Topic, pc.Partition = src.Topic(), p
+	pc.Watermark.IdleTimeout = 0
+	proc, err := pipeline.New(pc, 0)
+	if err != nil {
+		return fmt.Errorf("replay partition %d: %w", p, err)
+	}
+	var (
+		cur     *Record // the record being processed, for Original
+		sinkErr error
+		dl      pipeline.Output
+	)
+	emit := func(o *pipeline.Output) {
+		if sinkErr != nil {
+			return
+		}
+		var s Sink
+		if o.Dead {
+			res.Dead++
+			res.ByReason[o.Reason]++
+			if s = cfg.Dead; s == nil {
+				prog.Outputs.Add(1)
+				return
+			}
+			if cur != nil && cur.Original != nil && o.SourceOffset == cur.Offset {
+				// The dead letter is the record being processed: give the
+				// user's bytes back rather than the value built from them.
+				dl = *o
+				dl.Value = cur.Original
+				o = &dl
+			}
+		} else {
+			res.Features++
+			s = cfg.Features
+		}
+		if err := s.Write(o); err != nil {
+			sinkErr = err
+		}
+		prog.Outputs.Add(1)
+	}
+	err = src.Read(ctx, p, prog, func(r *Record) error {
+		res.Records++
+		prog.Records.Add(1)
+		r.Topic, r.Partition, r.Arrival = pc.Topic, p, 0
+		cur = r
+		if r.Reject != nil {
+			value := r.Value
+			if r.Original != nil {
+				value = r.Original
+			}
+			emit(&pipeline.Output{
+				Dead: true, Key: r.Key, Value: value,
+				Reason: r.Reject.Reason, Err: r.Reject.Detail,
+				SourceTopic: pc.Topic, SourcePartition: p, SourceOffset: r.Offset,
+			})
+		} else {
+			proc.Process(r.Record, emit)
+		}
+		cur = nil
+		return sinkErr
+	})
+	if err != nil {
+		return fmt.Errorf("replay partition %d: %w", p, err)
+	}
+	// The end of the range: release everything still waiting for the
+	// watermark, in (event_time, offset) order, as DESIGN "Reorder" says.
+	proc.Flush(emit)
+	if sinkErr != nil {
+		return fmt.Errorf("replay partition %d: %w", p, sinkErr)
+	}
+	return nil
+}
