@@ -20,6 +20,7 @@
 #   KAFKA_LOCAL_CACHE       root of the cache [${XDG_CACHE_HOME:-~/.cache}/velocity-consumer]
 #                           jars: $KAFKA_LOCAL_CACHE/kafka-<version>/libs
 #                           state: $KAFKA_LOCAL_CACHE/kafka-<version>/run-<port>
+#   KAFKA_LOCAL_STATE       state directory (config, data, logs, PID file) instead of the above
 #   KAFKA_START_TIMEOUT     seconds to wait for the broker to accept connections [120]
 #   KAFKA_STOP_TIMEOUT      seconds to wait after SIGTERM before SIGKILL [30]
 #   KAFKA_HEAP_OPTS         JVM heap and GC flags [-Xms64m -Xmx512m -XX:+UseSerialGC]
@@ -43,7 +44,7 @@ version="$(sed -n 's|.*<kafka.version>\(.*\)</kafka.version>.*|\1|p' "$pom")"
 cache_root="${KAFKA_LOCAL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/velocity-consumer}"
 home="$cache_root/kafka-$version"
 libs="$home/libs"
-run="$home/run-$port"
+run="${KAFKA_LOCAL_STATE:-$home/run-$port}"
 pidfile="$run/kafka.pid"
 logdir="$run/logs"
 
@@ -167,7 +168,7 @@ start() {
 	fetch
 
 	local t0=$SECONDS
-	rm -rf "$run"
+	rm -rf "$run/data" "$logdir" "$run/tmp" "$run/server.properties" "$pidfile"
 	write_config
 	local cp="$libs/*"
 	local jvm=(-Djava.io.tmpdir="$run/tmp" -Dkafka.logs.dir="$logdir"

@@ -1,0 +1,138 @@
+package kafkatest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// PrivateBroker is a broker that one test owns: started by scripts/kafka-local.sh on free
+// ports with its state in the test's temporary directory, so the test may freeze or kill
+// it without disturbing other tests.
+type PrivateBroker struct {
+	Addr  string // bootstrap address, 127.0.0.1:port
+	pid   int
+	state string
+}
+
+// StartPrivateBroker starts a broker for t alone and stops it when t ends. It needs java
+// and mvn (or the jar cache) like scripts/kafka-local.sh; without them it skips t, or fails
+// it under VELOCITY_REQUIRE_KAFKA=1.
+func StartPrivateBroker(t testing.TB) *PrivateBroker {
+	t.Helper()
+	for _, tool := range []string{"java", "mvn"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("VELOCITY_REQUIRE_KAFKA") == "1" {
+				t.Fatalf("kafkatest: a private broker needs %s on PATH", tool)
+			}
+			t.Skipf("kafkatest: skipping, a private broker needs %s on PATH", tool)
+		}
+	}
+	script, err := findScript()
+	if err != nil {
+		t.Fatalf("kafkatest: %v", err)
+	}
+	ports := freePorts(t, 2)
+	port, cport := ports[0], ports[1]
+	b := &PrivateBroker{state: t.TempDir()}
+	env := append(os.Environ(),
+		"KAFKA_PORT="+strconv.Itoa(port),
+		"KAFKA_CONTROLLER_PORT="+strconv.Itoa(cport),
+		"KAFKA_LOCAL_STATE="+b.state,
+		"KAFKA_STOP_TIMEOUT=10",
+	)
+	run := func(ctx context.Context, arg string) ([]byte, error) {
+		cmd := exec.CommandContext(ctx, script, arg)
+		cmd.Env = env
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			return out, fmt.Errorf("kafka-local.sh %s: %w\n%s", arg, err, stderr.String())
+		}
+		return out, nil
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), scriptTimeout)
+	defer cancel()
+	t.Cleanup(func() {
+		if b.pid > 0 {
+			_ = syscall.Kill(b.pid, syscall.SIGCONT) // a frozen broker cannot act on SIGTERM
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := run(ctx, "stop"); err != nil {
+			t.Errorf("kafkatest: stop private broker: %v", err)
+		}
+		if t.Failed() {
+			if log, err := os.ReadFile(filepath.Join(b.state, "logs", "server.log")); err == nil {
+				lines := strings.Split(strings.TrimSpace(string(log)), "\n")
+				t.Logf("kafkatest: last lines of the private broker's log:\n%s",
+					strings.Join(lines[max(0, len(lines)-30):], "\n"))
+			}
+		}
+	})
+	out, err := run(ctx, "start")
+	if err != nil {
+		t.Fatalf("kafkatest: start private broker: %v", err)
+	}
+	b.Addr = lastLine(out)
+	pid, err := os.ReadFile(filepath.Join(b.state, "kafka.pid"))
+	if err != nil {
+		t.Fatalf("kafkatest: private broker PID: %v", err)
+	}
+	if b.pid, err = strconv.Atoi(strings.TrimSpace(string(pid))); err != nil {
+		t.Fatalf("kafkatest: private broker PID %q: %v", pid, err)
+	}
+	if err := ping(b.Addr, pingTimeout); err != nil {
+		t.Fatalf("kafkatest: private broker at %s: %v", b.Addr, err)
+	}
+	return b
+}
+
+// Freeze stops the broker process with SIGSTOP: its sockets stay open and nothing answers.
+func (b *PrivateBroker) Freeze(t testing.TB) {
+	t.Helper()
+	if err := syscall.Kill(b.pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("kafkatest: freeze broker %d: %v", b.pid, err)
+	}
+}
+
+// Kill ends the broker process with SIGKILL, as a crash would.
+func (b *PrivateBroker) Kill(t testing.TB) {
+	t.Helper()
+	if err := syscall.Kill(b.pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kafkatest: kill broker %d: %v", b.pid, err)
+	}
+	// Wait for the process to be gone so that the next call sees a closed port.
+	deadline := time.Now().Add(10 * time.Second)
+	for syscall.Kill(b.pid, 0) == nil && time.Now().Before(deadline) {
+		if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", b.pid)); err == nil && strings.Contains(string(st), ") Z ") {
+			break // a zombie: dead, waiting for its parent (init) to reap it
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// freePorts returns n distinct ports that were free a moment ago on 127.0.0.1.
+func freePorts(t testing.TB, n int) []int {
+	t.Helper()
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("kafkatest: find a free port: %v", err)
+		}
+		defer l.Close() // held until all n are chosen, so they differ
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports
+}
