@@ -40,7 +40,7 @@ func (t *Table) AppendSnapshot(dst []byte) []byte {
 		dst = binary.AppendUvarint(dst, uint64(sp.WindowMs))
 		dst = binary.AppendUvarint(dst, uint64(sp.BucketMs))
 	}
-	dst = binary.AppendUvarint(dst, uint64(len(t.index)))
+	dst = binary.AppendUvarint(dst, uint64(t.idx.n))
 	for _, s := range t.snapshotOrder() {
 		e := &t.slab[s]
 		dst = binary.AppendUvarint(dst, uint64(len(e.id)))
@@ -77,16 +77,14 @@ func (t *Table) AppendSnapshot(dst []byte) []byte {
 }
 
 func (t *Table) snapshotOrder() []uint32 {
-	order := make([]uint32, 0, len(t.index))
 	if t.maxEntities > 0 {
-		for s := t.lruTail; s != 0; s = t.slab[s-1].lruPrev {
+		order := make([]uint32, 0, t.idx.n)
+		for s := t.lruTail; s != 0; s = t.lru[s-1].prev {
 			order = append(order, s-1)
 		}
 		return order
 	}
-	for _, s := range t.index {
-		order = append(order, s)
-	}
+	order := t.usedSlots()
 	slices.SortFunc(order, func(a, b uint32) int { return strings.Compare(t.slab[a].id, t.slab[b].id) })
 	return order
 }
@@ -120,7 +118,7 @@ func RestoreTable(specs []Spec, opts Options, data []byte) (*Table, error) {
 	if len(d.b) != 0 {
 		return nil, fmt.Errorf("window snapshot: %d trailing bytes", len(d.b))
 	}
-	for t.maxEntities > 0 && len(t.index) > t.maxEntities {
+	for t.maxEntities > 0 && t.idx.n > t.maxEntities {
 		t.remove(t.lruTail - 1)
 		t.capEvictions++
 	}
@@ -215,7 +213,7 @@ func (t *Table) decode(d *decoder) error {
 		return d.err
 	}
 	t.slab = make([]entity, 0, n)
-	t.index = make(map[string]uint32, n)
+	t.idx = newIndex(int(n))
 	for range n {
 		if err := t.decodeEntity(d); err != nil {
 			return fmt.Errorf("entity %d: %w", len(t.slab), err)
@@ -235,7 +233,7 @@ func (t *Table) decodeEntity(d *decoder) error {
 	if d.err != nil {
 		return d.err
 	}
-	if _, dup := t.index[id]; dup {
+	if _, dup := t.lookup(id); dup {
 		return fmt.Errorf("entity %q appears twice", id)
 	}
 	if e.newest > maxTime || e.newest < -maxTime || e.prevT > maxTime || e.prevT < -maxTime {
@@ -256,7 +254,7 @@ func (t *Table) decodeEntity(d *decoder) error {
 	}
 	slot := uint32(len(t.slab))
 	t.slab = append(t.slab, e)
-	t.index[id] = slot
+	t.insert(id, slot)
 	if t.maxEntities > 0 {
 		t.lruPushFront(slot) // written least recent first
 	}

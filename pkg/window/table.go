@@ -73,10 +73,12 @@ type entity struct {
 	prevT  int64  // time of the previous counted event in apply order
 	raw    []rawEvent
 	rings  *ring
-	// LRU links as slot+1 (0 = none); maintained only when MaxEntities > 0, since
-	// they cost two extra cache misses per event on a large table.
-	lruPrev, lruNext uint32
 }
+
+// lruLinks are an entity's neighbours in activity order as slot+1 (0 = none). They
+// live in a parallel slice, allocated only when MaxEntities > 0: an unbounded table
+// does not pay for them, and entity stays 64 bytes, one cache line.
+type lruLinks struct{ prev, next uint32 }
 
 // Table is the per-entity window state of one partition. Not safe for concurrent use.
 type Table struct {
@@ -86,15 +88,15 @@ type Table struct {
 	maxEntities int
 	ttl         int64
 
-	index            map[string]uint32 // id → slot in slab
+	idx              index // id → slot in slab
 	slab             []entity
+	lru              []lruLinks // parallel to slab when maxEntities > 0
 	free             []uint32
 	lruHead, lruTail uint32 // slot+1; head = most recently active
 	capEvictions     uint64
 
 	// per-call scratch, sized to the number of windows, so Apply does not allocate
-	lo, hi, flo []int64
-	fsum        []int64
+	lo, hi, fsum []int64
 }
 
 // NewTable makes an empty table for specs (as returned by ParseSpecs).
@@ -112,7 +114,7 @@ func NewTable(specs []Spec, opts Options) (*Table, error) {
 		specs:       slices.Clone(specs),
 		maxEntities: opts.MaxEntities,
 		ttl:         opts.HistoryTTLMs,
-		index:       make(map[string]uint32),
+		idx:         newIndex(0),
 	}
 	if t.ttl == 0 {
 		t.ttl = defaultHistoryTTLMs
@@ -124,7 +126,7 @@ func NewTable(specs []Spec, opts Options) (*Table, error) {
 		t.bms[i] = sp.BucketMs
 		t.nbs[i] = int64(sp.Buckets)
 	}
-	t.lo, t.hi, t.flo, t.fsum = make([]int64, nw), make([]int64, nw), make([]int64, nw), make([]int64, nw)
+	t.lo, t.hi, t.fsum = make([]int64, nw), make([]int64, nw), make([]int64, nw)
 	return t, nil
 }
 
@@ -132,7 +134,7 @@ func NewTable(specs []Spec, opts Options) (*Table, error) {
 func (t *Table) Specs() []Spec { return slices.Clone(t.specs) }
 
 // Len is the number of entities held (including header-only ones).
-func (t *Table) Len() int { return len(t.index) }
+func (t *Table) Len() int { return t.idx.n }
 
 // CapEvictions is the total number of entities evicted by the MaxEntities cap.
 func (t *Table) CapEvictions() uint64 { return t.capEvictions }
@@ -171,7 +173,7 @@ func (t *Table) Apply(entity string, eventTime, amount int64, out []Agg) (prevGa
 	if eventTime > maxTime || eventTime < -maxTime {
 		return 0, false, fmt.Errorf("%w: event time %d out of range", ErrInput, eventTime)
 	}
-	slot, ok := t.index[entity]
+	slot, ok := t.lookup(entity)
 	if !ok {
 		if entity == "" {
 			return 0, false, fmt.Errorf("%w: empty entity id", ErrInput)
@@ -179,7 +181,7 @@ func (t *Table) Apply(entity string, eventTime, amount int64, out []Agg) (prevGa
 		slot = t.create(entity)
 		e := &t.slab[slot]
 		e.newest, e.prevT = eventTime, eventTime
-		e.raw = append(e.raw, rawEvent{eventTime, amount})
+		e.raw = appendRaw(e.raw, rawEvent{eventTime, amount})
 		for i := range nw {
 			out[i] = Agg{1, amount, amount, amount}
 		}
@@ -220,49 +222,47 @@ func (t *Table) Apply(entity string, eventTime, amount int64, out []Agg) (prevGa
 
 // ---- raw representation ----
 
-// rawBounds fills per-window time bounds for an event at ts given the entity's newest
-// time: lo/hi is the read-back range [lo, hi), flo the start of the full window
-// relative to max(newest, ts) (to check that the window's own sum cannot overflow).
-func (t *Table) rawBounds(newest, ts int64) {
-	for i, b := range t.bms {
-		n := t.nbs[i]
-		k := floorDiv(ts, b)
-		top := max(k, floorDiv(newest, b))
-		t.flo[i] = (top - n + 1) * b
-		t.lo[i] = t.flo[i]
-		t.hi[i] = math.MaxInt64
-		if ts < newest {
-			t.hi[i] = (k + 1) * b
-		}
-	}
-}
-
 func (t *Table) applyRaw(e *entity, ts, a int64, out []Agg) error {
 	nw := len(t.bms)
-	t.rawBounds(e.newest, ts)
 	older := ts < e.newest
+	// Per window, the read-back range is [lo, hi) in time: buckets top−N+1 … k, where
+	// top = max(k, K) (so an older event reads only what is retained) and hi is the end
+	// of k's bucket for an older event (everything applied so far is ≤ ts otherwise).
+	// For an older event, fsum also tracks the full window up to the newest event, so
+	// its own sum is checked for overflow, keeping Range and a later switch to rings
+	// safe.
 	minLo := int64(math.MaxInt64)
-	for i := range nw {
+	for i, b := range t.bms {
+		k := floorDiv(ts, b)
+		top, hi := k, int64(math.MaxInt64)
+		if older {
+			top, hi = max(k, floorDiv(e.newest, b)), (k+1)*b
+		}
+		t.lo[i] = (top - t.nbs[i] + 1) * b
+		t.hi[i] = hi
+		minLo = min(minLo, t.lo[i])
 		out[i] = Agg{1, a, a, a}
 		t.fsum[i] = a
-		minLo = min(minLo, t.flo[i])
 	}
 	// One backwards pass computes every window: events are sorted by time, and each
-	// window is a suffix-bounded range of them.
+	// window is a contiguous range of them.
 	for j := len(e.raw) - 1; j >= 0; j-- {
 		ev := e.raw[j]
 		if ev.t < minLo {
 			break
 		}
 		for i := range nw {
-			if older && ev.t >= t.flo[i] {
+			if ev.t < t.lo[i] {
+				continue
+			}
+			if older {
 				if t.fsum[i] > math.MaxInt64-ev.a {
 					return fmt.Errorf("%w: entity %q window %s", ErrOverflow, e.id, t.specs[i].Name)
 				}
 				t.fsum[i] += ev.a
-			}
-			if ev.t < t.lo[i] || ev.t >= t.hi[i] {
-				continue
+				if ev.t >= t.hi[i] {
+					continue
+				}
 			}
 			o := &out[i]
 			if o.Sum > math.MaxInt64-ev.a {
@@ -275,8 +275,8 @@ func (t *Table) applyRaw(e *entity, ts, a int64, out []Agg) error {
 		}
 	}
 	if !older {
-		t.pruneRaw(e, ts)
-		e.raw = append(e.raw, rawEvent{ts, a})
+		pruneRawBelow(e, minLo)
+		e.raw = appendRaw(e.raw, rawEvent{ts, a})
 		return nil
 	}
 	// Insert after any equal times: apply order among equal times does not matter
@@ -285,8 +285,26 @@ func (t *Table) applyRaw(e *entity, ts, a int64, out []Agg) error {
 	for j > 0 && e.raw[j-1].t > ts {
 		j--
 	}
-	e.raw = slices.Insert(e.raw, j, rawEvent{ts, a})
+	e.raw = appendRaw(e.raw, rawEvent{})
+	copy(e.raw[j+1:], e.raw[j:])
+	e.raw[j] = rawEvent{ts, a}
 	return nil
+}
+
+// appendRaw grows by one slot at a time while small, so that an entity with 3 events
+// holds exactly 48 bytes of them (append's doubling would give it 64), then doubles.
+func appendRaw(raw []rawEvent, ev rawEvent) []rawEvent {
+	if len(raw) < cap(raw) {
+		return append(raw, ev)
+	}
+	c := len(raw) + 1
+	if len(raw) >= 4 {
+		c = 2 * len(raw)
+	}
+	grown := make([]rawEvent, len(raw)+1, c)
+	copy(grown, raw)
+	grown[len(raw)] = ev
+	return grown
 }
 
 // pruneRaw drops raw events that lie before every window of an event at newest;
@@ -296,6 +314,10 @@ func (t *Table) pruneRaw(e *entity, newest int64) {
 	for i, b := range t.bms {
 		minLo = min(minLo, (floorDiv(newest, b)-t.nbs[i]+1)*b)
 	}
+	pruneRawBelow(e, minLo)
+}
+
+func pruneRawBelow(e *entity, minLo int64) {
 	j := 0
 	for j < len(e.raw) && e.raw[j].t < minLo {
 		j++
@@ -304,7 +326,6 @@ func (t *Table) pruneRaw(e *entity, newest int64) {
 		// Shift down in place rather than reslicing, so the backing array is reused
 		// and a steady entity stops allocating.
 		n := copy(e.raw, e.raw[j:])
-		clear(e.raw[n:])
 		e.raw = e.raw[:n]
 	}
 }
@@ -521,7 +542,7 @@ func (t *Table) applyRingsOlder(rs []ring, ts, a int64, out []Agg) {
 // ---- table maintenance ----
 
 func (t *Table) create(name string) uint32 {
-	if t.maxEntities > 0 && len(t.index) >= t.maxEntities {
+	if t.maxEntities > 0 && t.idx.n >= t.maxEntities {
 		t.remove(t.lruTail - 1)
 		t.capEvictions++
 	}
@@ -536,7 +557,7 @@ func (t *Table) create(name string) uint32 {
 	// Clone: the caller's string may alias a reused decode buffer.
 	id := strings.Clone(name)
 	t.slab[slot] = entity{id: id}
-	t.index[id] = slot
+	t.insert(id, slot)
 	if t.maxEntities > 0 {
 		t.lruPushFront(slot)
 	}
@@ -547,32 +568,33 @@ func (t *Table) remove(slot uint32) {
 	if t.maxEntities > 0 {
 		t.lruUnlink(slot)
 	}
-	delete(t.index, t.slab[slot].id)
+	t.unindex(t.slab[slot].id, slot)
 	t.slab[slot] = entity{}
 	t.free = append(t.free, slot)
 }
 
 func (t *Table) lruUnlink(slot uint32) {
-	e := &t.slab[slot]
-	if e.lruPrev != 0 {
-		t.slab[e.lruPrev-1].lruNext = e.lruNext
+	l := &t.lru[slot]
+	if l.prev != 0 {
+		t.lru[l.prev-1].next = l.next
 	} else {
-		t.lruHead = e.lruNext
+		t.lruHead = l.next
 	}
-	if e.lruNext != 0 {
-		t.slab[e.lruNext-1].lruPrev = e.lruPrev
+	if l.next != 0 {
+		t.lru[l.next-1].prev = l.prev
 	} else {
-		t.lruTail = e.lruPrev
+		t.lruTail = l.prev
 	}
-	e.lruPrev, e.lruNext = 0, 0
+	*l = lruLinks{}
 }
 
 func (t *Table) lruPushFront(slot uint32) {
-	e := &t.slab[slot]
-	e.lruPrev = 0
-	e.lruNext = t.lruHead
+	for int(slot) >= len(t.lru) {
+		t.lru = append(t.lru, lruLinks{})
+	}
+	t.lru[slot] = lruLinks{next: t.lruHead}
 	if t.lruHead != 0 {
-		t.slab[t.lruHead-1].lruPrev = slot + 1
+		t.lru[t.lruHead-1].prev = slot + 1
 	}
 	t.lruHead = slot + 1
 	if t.lruTail == 0 {
@@ -626,10 +648,7 @@ func (t *Table) allEmpty(newest, wm int64) bool {
 // reused between calls. Stops when fn returns false. For tests and comparisons: it
 // sorts all ids, so it is not for the hot path.
 func (t *Table) Range(fn func(entity string, last int64, aggs []Agg) bool) {
-	slots := make([]uint32, 0, len(t.index))
-	for _, s := range t.index {
-		slots = append(slots, s)
-	}
+	slots := t.usedSlots()
 	slices.SortFunc(slots, func(a, b uint32) int { return strings.Compare(t.slab[a].id, t.slab[b].id) })
 	aggs := make([]Agg, len(t.specs))
 	for _, s := range slots {
@@ -667,4 +686,23 @@ func (t *Table) current(e *entity, aggs []Agg) {
 			aggs[i] = o
 		}
 	}
+}
+
+// usedSlots lists the occupied slab slots in slab order.
+func (t *Table) usedSlots() []uint32 {
+	slots := make([]uint32, 0, t.idx.n)
+	for s := range t.slab {
+		if t.slab[s].id != "" {
+			slots = append(slots, uint32(s))
+		}
+	}
+	return slots
+}
+
+// slotOf is the slot of id, or -1 (for tests).
+func (t *Table) slotOf(id string) int {
+	if s, ok := t.lookup(id); ok {
+		return int(s)
+	}
+	return -1
 }

@@ -47,7 +47,7 @@ func makeBusy(t testing.TB, tbl *Table, id string, at int64) {
 			t.Fatal(err)
 		}
 	}
-	if e := &tbl.slab[tbl.index[id]]; e.rings == nil {
+	if e := &tbl.slab[tbl.slotOf(id)]; e.rings == nil {
 		t.Fatalf("entity %q still raw after %d events", id, rawMax+5)
 	}
 }
@@ -84,7 +84,7 @@ func TestExamplesTable(t *testing.T) {
 			if n := tbl.EvictIdle(T + 74000); n != 0 {
 				t.Fatalf("EvictIdle evicted %d entities within the history TTL", n)
 			}
-			if e := &tbl.slab[tbl.index["card-B"]]; e.raw != nil || e.rings != nil {
+			if e := &tbl.slab[tbl.slotOf("card-B")]; e.raw != nil || e.rings != nil {
 				t.Fatalf("idle card-B kept its buckets: %+v", e)
 			}
 		}
@@ -334,7 +334,7 @@ func TestEvictIdle(t *testing.T) {
 				return
 			}
 			for _, id := range []string{"busy", "quiet"} {
-				e := &tbl.slab[tbl.index[id]]
+				e := &tbl.slab[tbl.slotOf(id)]
 				if shrunk := e.raw == nil && e.rings == nil; shrunk != tc.wantShrunk {
 					t.Fatalf("%s: shrunk=%v, want %v", id, shrunk, tc.wantShrunk)
 				}

@@ -1,0 +1,209 @@
+package window
+
+import (
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"unsafe"
+)
+
+// BenchmarkApplyHotEntity: one entity, the four default windows, every aggregate read
+// back, in steady state (a full 24 h of history behind it). step is the event-time
+// distance between events: 10 ms stays mostly in the same 1 s bucket, 1 s moves the
+// finest window to a new bucket (and expires one) on every event.
+func BenchmarkApplyHotEntity(b *testing.B) {
+	for _, step := range []int64{10, 100, 1000} {
+		b.Run(fmt.Sprintf("step=%dms", step), func(b *testing.B) {
+			tbl := mustTable(b, DefaultSpecs, Options{})
+			amounts := randomAmounts(4096)
+			out := make([]Agg, 4)
+			now := int64(1_800_000_000_000)
+			warm := int(86_400_000/step) + 1
+			for i := range warm {
+				now += step
+				if _, _, err := tbl.Apply("card-hot", now, amounts[i&4095], out); err != nil {
+					b.Fatal(err)
+				}
+			}
+			var sink int64
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				now += step
+				if _, _, err := tbl.Apply("card-hot", now, amounts[i&4095], out); err != nil {
+					b.Fatal(err)
+				}
+				sink += out[0].Count + out[1].Sum + out[2].Min + out[3].Max
+			}
+			if sink == 0 {
+				b.Fatal("no aggregates read")
+			}
+		})
+	}
+}
+
+func randomAmounts(n int) []int64 {
+	r := rand.New(rand.NewPCG(7, 7))
+	a := make([]int64, n)
+	for i := range a {
+		a[i] = int64(r.IntN(100_000))
+	}
+	return a
+}
+
+// million is a 1 M-entity table in steady state, shared by the benchmark's runs so the
+// 24 h warm-up is paid once per process.
+var million struct {
+	once  sync.Once
+	tbl   *Table
+	ids   []string
+	order []uint32
+	now   int64
+	pos   int
+	buf   [12]byte // "card-" + 7 digits
+}
+
+const millionEntities = 1_000_000
+
+// millionStep: event time advances 10 ms per event over all entities (100 events/s
+// over 1 M entities), so an entity sees an event every ~2.8 h and holds ~9 in 24 h,
+// like a typical card.
+const millionStep = 10
+
+func warmMillion(b *testing.B) {
+	million.once.Do(func() {
+		tbl := mustTable(b, DefaultSpecs, Options{})
+		ids := make([]string, millionEntities)
+		for i := range ids {
+			ids[i] = fmt.Sprintf("card-%07d", i)
+		}
+		r := rand.New(rand.NewPCG(1, 1))
+		order := make([]uint32, 1<<22)
+		for i := range order {
+			order[i] = uint32(r.IntN(millionEntities))
+		}
+		million.tbl, million.ids, million.order = tbl, ids, order
+		million.now = 1_800_000_000_000
+		copy(million.buf[:], "card-")
+		out := make([]Agg, 4)
+		for i := range ids { // every entity exists
+			million.now += millionStep
+			tbl.Apply(ids[i], million.now, int64(i%1000), out)
+		}
+		for range 86_400_000 / millionStep { // a full day of history
+			stepMillion(out)
+		}
+	})
+}
+
+// stepMillion applies one event to a random existing entity. The id is formatted into
+// a reused buffer, as the pipeline hands over an id it has just decoded (in cache);
+// reading it from a 1 M-entry slice instead would add two cache misses that belong to
+// the benchmark, not the table.
+func stepMillion(out []Agg) {
+	m := &million
+	m.now += millionStep
+	n := m.order[m.pos&(len(m.order)-1)]
+	m.pos++
+	buf := &m.buf
+	for i := len(buf) - 1; i >= 5; i-- {
+		buf[i] = byte('0' + n%10)
+		n /= 10
+	}
+	id := unsafe.String(&buf[0], len(buf))
+	if _, _, err := m.tbl.Apply(id, m.now, int64(m.pos%100_000), out); err != nil {
+		panic(err)
+	}
+}
+
+// BenchmarkApplyMillionEntities: 1 M existing entities hit in random order.
+func BenchmarkApplyMillionEntities(b *testing.B) {
+	warmMillion(b)
+	out := make([]Agg, 4)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		stepMillion(out)
+	}
+}
+
+var (
+	memFlag  = flag.Bool("window.mem", false, "measure heap bytes per entity at 1 M entities (slow, ~1 GB)")
+	memCases = flag.String("window.mem.cases", "", "comma-separated case indexes to run (default all)")
+)
+
+// TestMemoryPerEntity reports heap bytes per entity (runtime.MemStats after GC, the
+// table's whole footprint: map, slab, ids and event storage) at 1 M entities with the
+// default windows, for 1, 3 and 30 events each, and for 300 (10× more events over
+// the same entities at the same rate) to show that memory follows what the windows
+// hold, not how many events went through. Run with -window.mem.
+func TestMemoryPerEntity(t *testing.T) {
+	if !*memFlag {
+		t.Skip("set -window.mem to measure (allocates about 1 GB)")
+	}
+	const hour = 3_600_000
+	cases := []struct {
+		entities, events int
+		step             int64
+	}{
+		// The targets: 1 M entities, 1, 3, 30 events each, an event an hour.
+		{millionEntities, 1, hour}, {millionEntities, 3, hour}, {millionEntities, 30, hour},
+		// 10× more events over the same entities at the same rate: the 24 h window
+		// holds the same ~24 events, so memory must not grow.
+		{millionEntities, 300, hour},
+		// Busy entities (an event every 10 s, so rings): once every window is full
+		// (24 h = 8640 events) 10× more events must not grow memory. 1 k entities
+		// keep the run short.
+		{1000, 8640, 10_000}, {1000, 86400, 10_000},
+	}
+	for i, c := range cases {
+		if *memCases != "" && !slices.Contains(strings.Split(*memCases, ","), strconv.Itoa(i)) {
+			continue
+		}
+		per, shapes := measure(t, c.entities, c.events, c.step)
+		t.Logf("entities=%d events/entity=%d every %s: %.0f bytes/entity (%s)", c.entities, c.events, msName(c.step), per, shapes)
+		if c.events <= 3 && per > 256 {
+			t.Errorf("%d events: %.0f bytes/entity, target ≤ 256", c.events, per)
+		}
+	}
+}
+
+func measure(t *testing.T, n, events int, step int64) (float64, string) {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("card-%07d", i)
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	tbl := mustTable(t, DefaultSpecs, Options{})
+	out := make([]Agg, 4)
+	r := rand.New(rand.NewPCG(3, 3))
+	for i, id := range ids {
+		base := int64(1_800_000_000_000) + int64(r.IntN(int(step)))
+		for k := range events {
+			if _, _, err := tbl.Apply(id, base+int64(k)*step, int64(i%997), out); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	raw, rings := 0, 0
+	for s := range tbl.slab {
+		if tbl.slab[s].rings != nil {
+			rings++
+		} else if tbl.slab[s].raw != nil {
+			raw++
+		}
+	}
+	runtime.KeepAlive(tbl)
+	per := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(n)
+	return per, fmt.Sprintf("%d raw, %d rings", raw, rings)
+}
