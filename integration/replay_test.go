@@ -1,0 +1,366 @@
+//go:build integration
+
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/parquet-go/parquet-go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/velocity-consumer/velocity-consumer/integration/kafkatest"
+	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+	"github.com/velocity-consumer/velocity-consumer/pkg/metrics"
+	"github.com/velocity-consumer/velocity-consumer/pkg/replay"
+	"github.com/velocity-consumer/velocity-consumer/pkg/service"
+	"github.com/velocity-consumer/velocity-consumer/pkg/watermark"
+	"github.com/velocity-consumer/velocity-consumer/pkg/window"
+)
+
+// replayT0 is 2026-11-01T00:00:00Z, the start of the synthetic streams' event time.
+const replayT0 = 1793491200000
+
+// replayStream returns n input records spread over partitions by entity,
+// with record timestamps equal to event times. Every 53rd event is 5 s older
+// than its predecessor (late under lateness 0), every 41st re-sends an earlier
+// event_id (duplicate), every 97th has a negative amount (invalid): so the
+// comparison covers dead letters as well as features.
+func replayStream(topic string, n int, partitions int32) []*kgo.Record {
+	recs := make([]*kgo.Record, 0, n)
+	for i := range n {
+		entity := fmt.Sprintf("card-%04d", i%997)
+		tx := codec.Transaction{
+			EventID:     "ev-" + strconv.Itoa(i),
+			EntityID:    entity,
+			AmountMinor: int64(100 + (i*7919)%50_000),
+			Currency:    "EUR",
+			EventTime:   replayT0 + int64(i)*10,
+		}
+		switch {
+		case i%53 == 52:
+			tx.EventTime -= 5000
+		case i%41 == 40:
+			tx.EventID = "ev-" + strconv.Itoa(i-3*int(partitions))
+		case i%97 == 96:
+			tx.AmountMinor = -1
+		}
+		recs = append(recs, &kgo.Record{
+			Topic:     topic,
+			Partition: int32(i%997) % partitions,
+			Key:       []byte(entity),
+			Value:     codec.EncodeTransaction(&tx),
+			Timestamp: time.UnixMilli(tx.EventTime),
+		})
+	}
+	return recs
+}
+
+// replayProducer produces replayStream records. franz-go counts the
+// delivery timeout from a record's timestamp, and the stream's timestamps are
+// weeks old, so the timeout is off; kafkatest.Produce's context bounds the wait.
+func replayProducer(t *testing.T, addr string) *kgo.Client {
+	return kafkatest.Client(t, addr, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.RecordDeliveryTimeout(0))
+}
+
+type replayPos struct {
+	partition int32
+	offset    int64
+}
+
+// replayTopicOutputs is what a run or a replay published, by source replayPos.
+type replayTopicOutputs struct {
+	features map[replayPos][]byte
+	dead     map[replayPos]string // reason
+	headers  map[string]int       // header keys seen on features records
+}
+
+// readReplayOutputs consumes the features and DLQ topics until n outputs arrived.
+func readReplayOutputs(t *testing.T, ctx context.Context, addr, featuresTopic, dlqTopic string, n int) replayTopicOutputs {
+	t.Helper()
+	cl := kafkatest.Client(t, addr,
+		kgo.ConsumeTopics(featuresTopic, dlqTopic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+	)
+	out := replayTopicOutputs{features: map[replayPos][]byte{}, dead: map[replayPos]string{}, headers: map[string]int{}}
+	for len(out.features)+len(out.dead) < n {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("read %d features + %d dead letters of %d before the deadline: %v", len(out.features), len(out.dead), n, err)
+		}
+		fs.EachError(func(tp string, p int32, err error) { t.Fatalf("fetch %s[%d]: %v", tp, p, err) })
+		fs.EachRecord(func(r *kgo.Record) {
+			if r.Topic == featuresTopic {
+				f, err := codec.DecodeFeatures(r.Value)
+				if err != nil {
+					t.Fatalf("features record at %d: %v", r.Offset, err)
+				}
+				pos := replayPos{f.SourcePartition, f.SourceOffset}
+				if _, dup := out.features[pos]; dup {
+					t.Errorf("two features records for %v", pos)
+				}
+				out.features[pos] = r.Value
+				if string(r.Key) != f.EntityID {
+					t.Errorf("features key %q, want the entity id %q", r.Key, f.EntityID)
+				}
+				for _, h := range r.Headers {
+					out.headers[h.Key]++
+				}
+				return
+			}
+			h := map[string]string{}
+			for _, hd := range r.Headers {
+				h[hd.Key] = string(hd.Value)
+			}
+			p, _ := strconv.Atoi(h[codec.HeaderSourcePartition])
+			o, _ := strconv.ParseInt(h[codec.HeaderSourceOffset], 10, 64)
+			out.dead[replayPos{int32(p), o}] = h[codec.HeaderReason]
+		})
+	}
+	return out
+}
+
+// replayBinary builds velocity-consumer once per test binary.
+var replayBinary = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "velocity-replay-it-")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "velocity-consumer")
+	out, err := exec.Command("go", "build", "-o", bin, "../cmd/velocity-consumer").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go build: %v\n%s", err, out)
+	}
+	return bin, nil
+})
+
+// TestReplayMatchesLiveRun runs the live service in process over a topic on
+// the real broker, then replays the same topic with the built binary to
+// topics and to a Parquet file: every source offset must get the same
+// outcome, and every features value must be byte-identical.
+//
+// The live run has idle timeout 0 and allowed lateness 0: each event is
+// released on arrival, so no wall-clock release can make it differ from the
+// replay, and the live run publishes every offset without waiting for an end.
+func TestReplayMatchesLiveRun(t *testing.T) {
+	t.Parallel()
+	addr := kafkatest.Broker(t)
+	bin, err := replayBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n, partitions = 6000, 3
+	in := kafkatest.CreateTopic(t, addr, partitions, nil)
+	liveOut, liveDLQ := kafkatest.CreateTopic(t, addr, 1, nil), kafkatest.CreateTopic(t, addr, 1, nil)
+	replayOut, replayDLQ := kafkatest.CreateTopic(t, addr, 1, nil), kafkatest.CreateTopic(t, addr, 1, nil)
+	ctx := kafkatest.Context(t, 4*time.Minute)
+
+	prod := replayProducer(t, addr)
+	if err := kafkatest.Produce(ctx, prod, replayStream(in, n, partitions)...); err != nil {
+		t.Fatal(err)
+	}
+
+	specs, err := window.ParseSpecs(window.DefaultSpecs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := service.New(service.Config{
+		Brokers: kafkatest.Seeds(addr), Group: kafkatest.Group(t),
+		InputTopic: in, OutputTopic: liveOut, DLQTopic: liveDLQ,
+		Specs:     specs,
+		Window:    window.Options{MaxEntities: 5_000_000, HistoryTTLMs: (7 * 24 * time.Hour).Milliseconds()},
+		Watermark: watermark.Config{AllowedLateness: 0, DedupeHorizon: (24 * time.Hour).Milliseconds(), IdleTimeout: 0},
+		Store:     checkpoint.NewMemoryStore(),
+		Host:      "live",
+	}, zap.NewNop(), metrics.New(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	runErr := make(chan error, 1)
+	go func() { runErr <- svc.Run(runCtx) }()
+	live := readReplayOutputs(t, ctx, addr, liveOut, liveDLQ, n)
+	stop()
+	if err := <-runErr; err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatalf("live service: %v", err)
+	}
+
+	parquetPath := filepath.Join(t.TempDir(), "features.parquet")
+	for _, output := range [][]string{
+		{"--output", "topic:" + replayOut, "--dlq", "topic:" + replayDLQ},
+		{"--output", parquetPath},
+	} {
+		args := append([]string{"replay", "--brokers", addr, "--input-topic", in, "--allowed-lateness", "0s", "--quiet", "--log-level", "warn"}, output...)
+		cmd := exec.CommandContext(ctx, bin, args...)
+		// The same environment a deployment would have: replay must ignore
+		// the live-only idle timeout.
+		cmd.Env = append(os.Environ(), "VELOCITY_IDLE_TIMEOUT=250ms")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("velocity-consumer %v: %v\n%s", args, err, out)
+		}
+	}
+	rep := readReplayOutputs(t, ctx, addr, replayOut, replayDLQ, n)
+
+	if len(live.features)+len(live.dead) != n || len(rep.features)+len(rep.dead) != n {
+		t.Fatalf("live: %d features + %d dead, replay: %d + %d; want %d in all", len(live.features), len(live.dead), len(rep.features), len(rep.dead), n)
+	}
+	if len(live.dead) == 0 || len(live.features) == 0 {
+		t.Fatalf("the stream should give both features (%d) and dead letters (%d)", len(live.features), len(live.dead))
+	}
+	mismatch := 0
+	for pos, lv := range live.features {
+		if rv, ok := rep.features[pos]; !ok || string(rv) != string(lv) {
+			if mismatch++; mismatch <= 5 {
+				lf, _ := codec.DecodeFeatures(lv)
+				rf, _ := codec.DecodeFeatures(rv)
+				t.Errorf("partition %d offset %d: live %+v\nreplay %+v", pos.partition, pos.offset, lf, rf)
+			}
+		}
+	}
+	for pos, reason := range live.dead {
+		if rep.dead[pos] != reason {
+			if mismatch++; mismatch <= 10 {
+				t.Errorf("partition %d offset %d: live dead letter %q, replay %q", pos.partition, pos.offset, reason, rep.dead[pos])
+			}
+		}
+	}
+	if mismatch > 0 {
+		t.Fatalf("%d of %d offsets differ between live and replay", mismatch, n)
+	}
+	for _, h := range []string{"velocity.emitted_at", "velocity.host"} {
+		if rep.headers[h] != len(rep.features) {
+			t.Errorf("header %s on %d of %d replayed features records", h, rep.headers[h], len(rep.features))
+		}
+	}
+	t.Logf("%d offsets: %d features byte-identical, %d dead letters with the same reasons", n, len(live.features), len(live.dead))
+
+	// The Parquet replay holds one row per features record, at the same positions.
+	f, err := os.Open(parquetPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rows, err := parquet.Read[struct {
+		Partition int32  `parquet:"source_partition"`
+		Offset    int64  `parquet:"source_offset"`
+		EventID   string `parquet:"event_id"`
+	}](f, replayFileSize(t, f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != len(live.features) {
+		t.Fatalf("parquet has %d rows, want %d", len(rows), len(live.features))
+	}
+	for i, r := range rows {
+		lf, _ := codec.DecodeFeatures(live.features[replayPos{r.Partition, r.Offset}])
+		if lf.EventID != r.EventID {
+			t.Fatalf("parquet row %d: %s at %d/%d, live has %q there", i, r.EventID, r.Partition, r.Offset, lf.EventID)
+		}
+		if i > 0 && r.Partition < rows[i-1].Partition {
+			t.Fatalf("parquet row %d: partition %d after %d; partitions must come in ascending order", i, r.Partition, rows[i-1].Partition)
+		}
+	}
+}
+
+func replayFileSize(t *testing.T, f *os.File) int64 {
+	t.Helper()
+	st, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Size()
+}
+
+// TestReplayTopicRanges checks how --from/--to and --partitions resolve to
+// offsets on a real broker: by offset, by record timestamp, start/end, and a
+// partition subset; and that a replay of a range reads exactly that range.
+func TestReplayTopicRanges(t *testing.T) {
+	t.Parallel()
+	addr := kafkatest.Broker(t)
+	const n, partitions = 300, 2
+	in := kafkatest.CreateTopic(t, addr, partitions, nil)
+	ctx := kafkatest.Context(t, time.Minute)
+	prod := replayProducer(t, addr)
+	recs := replayStream(in, n, partitions)
+	if err := kafkatest.Produce(ctx, prod, recs...); err != nil {
+		t.Fatal(err)
+	}
+	// Offsets per partition in production order, with their timestamps.
+	var ts [partitions][]int64
+	for _, r := range recs {
+		ts[r.Partition] = append(ts[r.Partition], r.Timestamp.UnixMilli())
+	}
+	// firstAt is the first offset of p whose timestamp is >= ms (Kafka's rule).
+	firstAt := func(p int32, ms int64) int64 {
+		for o, t := range ts[p] {
+			if t >= ms {
+				return int64(o)
+			}
+		}
+		return int64(len(ts[p]))
+	}
+	at := func(ms int64) replay.Bound { return replay.TimeBound(time.UnixMilli(ms)) }
+	tests := []struct {
+		name     string
+		from, to replay.Bound
+		parts    []int32
+		want     map[int32]replay.Range
+	}{
+		{"whole topic", replay.Start, replay.End, nil, map[int32]replay.Range{
+			0: replayRange(0, int64(len(ts[0]))), 1: replayRange(0, int64(len(ts[1])))}},
+		{"offsets", replay.OffsetBound(10), replay.OffsetBound(20), nil, map[int32]replay.Range{0: replayRange(10, 20), 1: replayRange(10, 20)}},
+		{"offsets past the end are clamped", replay.OffsetBound(100), replay.OffsetBound(1 << 40), []int32{1}, map[int32]replay.Range{1: replayRange(100, int64(len(ts[1])))}},
+		{"times", at(replayT0 + 500), at(replayT0 + 1500), nil, map[int32]replay.Range{
+			0: replayRange(firstAt(0, replayT0+500), firstAt(0, replayT0+1500)), 1: replayRange(firstAt(1, replayT0+500), firstAt(1, replayT0+1500))}},
+		{"a time after everything is an empty range", at(replayT0 + 1e9), replay.End, []int32{0}, map[int32]replay.Range{
+			0: replayRange(int64(len(ts[0])), int64(len(ts[0])))}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			src, err := replay.OpenTopic(ctx, replay.TopicConfig{Brokers: kafkatest.Seeds(addr), Topic: in, Partitions: tt.parts, From: tt.from, To: tt.to})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer src.Close()
+			if len(src.Partitions()) != len(tt.want) {
+				t.Fatalf("partitions %v, want those of %v", src.Partitions(), tt.want)
+			}
+			for _, p := range src.Partitions() {
+				if got := src.Range(p); got != tt.want[p] {
+					t.Errorf("partition %d: range %+v, want %+v", p, got, tt.want[p])
+				}
+				var offsets []int64
+				err := src.Read(ctx, p, nil, func(r *replay.Record) error {
+					offsets = append(offsets, r.Offset)
+					return nil
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				w := tt.want[p]
+				if int64(len(offsets)) != w.To-w.From || (len(offsets) > 0 && (offsets[0] != w.From || offsets[len(offsets)-1] != w.To-1)) {
+					t.Errorf("partition %d: read %d records %v…, want offsets %d..%d", p, len(offsets), replayHead(offsets), w.From, w.To-1)
+				}
+			}
+		})
+	}
+	if _, err := replay.OpenTopic(ctx, replay.TopicConfig{Brokers: kafkatest.Seeds(addr), Topic: in, Partitions: []int32{7}, From: replay.Start, To: replay.End}); err == nil {
+		t.Error("a partition the topic does not have was accepted")
+	}
+}
+
+func replayRange(from, to int64) replay.Range { return replay.Range{From: from, To: to} }
+
+func replayHead(s []int64) []int64 { return s[:min(len(s), 5)] }
