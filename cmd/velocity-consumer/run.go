@@ -35,6 +35,8 @@ type runFlags struct {
 	metricsAddr                        string
 	logLevel, logFormat                string
 	maxPendingBytes                    int64
+	exactlyOnce                        bool
+	sessionTimeout                     time.Duration
 	pipe                               pipelineFlags
 }
 
@@ -50,6 +52,8 @@ func (r *runFlags) register(e *envFlags) {
 	e.String(&r.logLevel, "log-level", "info", "debug, info, warn or error")
 	e.String(&r.logFormat, "log-format", "json", "json or console")
 	e.Int64(&r.maxPendingBytes, "max-pending-bytes", 32<<20, "per partition: pause fetching while this many produced bytes await acknowledgement")
+	e.Bool(&r.exactlyOnce, "exactly-once", false, "publish each partition's features, dead letters and offset commit of one --checkpoint-interval in one Kafka transaction:\nread_committed readers see exactly one output per input offset across crashes, at checkpoint-interval latency")
+	e.Duration(&r.sessionTimeout, "session-timeout", 45*time.Second, "consumer group session timeout: how long a crashed instance keeps its partitions before they move (the broker allows 6s..30m by default)")
 	r.pipe.register(e)
 }
 
@@ -74,6 +78,9 @@ func (r *runFlags) serviceConfig() (service.Config, error) {
 	if r.interval <= 0 {
 		return c, errors.New("--checkpoint-interval (VELOCITY_CHECKPOINT_INTERVAL) must be positive")
 	}
+	if r.sessionTimeout <= 0 {
+		return c, errors.New("--session-timeout (VELOCITY_SESSION_TIMEOUT) must be positive")
+	}
 	if r.maxPendingBytes <= 0 {
 		return c, errors.New("--max-pending-bytes (VELOCITY_MAX_PENDING_BYTES) must be positive")
 	}
@@ -86,6 +93,8 @@ func (r *runFlags) serviceConfig() (service.Config, error) {
 	c.WriterSchema, c.Limits = st.writerSchema, st.limits
 	c.CheckpointInterval = r.interval
 	c.MaxPendingProduceBytes = r.maxPendingBytes
+	c.ExactlyOnce = r.exactlyOnce
+	c.SessionTimeout = r.sessionTimeout
 	c.Host = host
 	return c, nil
 }

@@ -13,6 +13,12 @@
 // at most the outputs since that snapshot. On assignment the newest snapshot is
 // loaded and fetching starts at its offset, which may be ahead of the group's
 // committed offset if the process died between the save and the commit.
+//
+// With Config.ExactlyOnce the outputs and the offset commit of each interval
+// go in one Kafka transaction per partition (eos.go), and recovery resumes
+// from the snapshot that matches the committed transaction exactly. A
+// partition with a committed offset but no usable snapshot is rebuilt by a
+// warm-up read of its recent records (warmup.go).
 package service
 
 import (
@@ -23,6 +29,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
@@ -56,6 +63,17 @@ type Config struct {
 
 	Store              checkpoint.Store
 	CheckpointInterval time.Duration // default 5s
+
+	// SessionTimeout is the consumer group session timeout: how long the
+	// group waits for a member that stopped heartbeating (a crashed instance)
+	// before its partitions move. 0 keeps franz-go's default (45s).
+	SessionTimeout time.Duration
+
+	// ExactlyOnce puts each partition's features, dead letters and offset
+	// commit of one checkpoint interval in one Kafka transaction, so that
+	// read_committed readers see exactly one output per input offset across
+	// crashes. Outputs become visible at checkpoint intervals. See eos.go.
+	ExactlyOnce bool
 
 	// MaxPendingProduceBytes pauses a partition whose unacknowledged output
 	// passes it; fetching resumes below half. Default 32 MiB.
@@ -100,6 +118,7 @@ type Service struct {
 	dec  codec.Decoder
 	prod *kgo.Client
 	cons *kgo.Client
+	adm  *kadm.Client
 	sink *sink.Sink
 
 	mu      sync.Mutex
@@ -175,9 +194,13 @@ func (s *Service) Run(ctx context.Context) error {
 		kgo.OnPartitionsLost(s.lost),
 		kgo.FetchMaxBytes(32 << 20),
 	}, s.cfg.ClientOpts...)
+	if st := s.cfg.SessionTimeout; st > 0 {
+		copts = append(copts, kgo.SessionTimeout(st), kgo.HeartbeatInterval(min(3*time.Second, st/3)))
+	}
 	if s.cons, err = kgo.NewClient(copts...); err != nil {
 		return fmt.Errorf("create consumer: %w", err)
 	}
+	s.adm = kadm.NewClient(s.cons)
 	// Verify the cluster answers before declaring readiness, so a wrong
 	// --brokers fails fast with a clear message instead of retrying forever.
 	pingCtx, pingCancel := context.WithTimeout(ctx, 30*time.Second)
@@ -188,7 +211,7 @@ func (s *Service) Run(ctx context.Context) error {
 		return fmt.Errorf("reach brokers %v: %w (check --brokers and that the cluster is up)", s.cfg.Brokers, err)
 	}
 	s.log.Info("consuming", zap.String("group", s.cfg.Group), zap.String("input", s.cfg.InputTopic),
-		zap.String("output", s.cfg.OutputTopic), zap.String("dlq", s.cfg.DLQTopic))
+		zap.String("output", s.cfg.OutputTopic), zap.String("dlq", s.cfg.DLQTopic), zap.Bool("exactly_once", s.cfg.ExactlyOnce))
 
 	s.pollLoop(ctx)
 
@@ -288,17 +311,36 @@ func (s *Service) assigned(ctx context.Context, offsets map[string]map[int32]kgo
 	parts := offsets[s.cfg.InputTopic]
 	for p, o := range parts {
 		committed := o.EpochOffset().Offset
+		var txn *kgo.Client
+		if s.cfg.ExactlyOnce {
+			// Fence the previous owner first: only then is no transaction
+			// holding an offset for p pending, and the committed offset final
+			// (the one handed to us was read before the fence).
+			var err error
+			if txn, err = s.newTxnProducer(ctx, p); err == nil {
+				if committed, err = s.committedOffset(ctx, p); err != nil {
+					txn.Close()
+				}
+			}
+			if err != nil {
+				s.fail(err)
+				return nil, err
+			}
+		}
 		proc, next, err := s.restore(ctx, p, committed)
 		if err != nil {
 			// Without a trustworthy state we must not consume this partition:
 			// stop loudly so an operator can look, rather than double count.
+			if txn != nil {
+				txn.Close()
+			}
 			s.fail(err)
 			return nil, err
 		}
 		if next >= 0 {
 			parts[p] = kgo.NewOffset().At(next).WithEpoch(-1)
 		}
-		w := s.startWorker(p, proc)
+		w := s.startWorker(p, proc, txn)
 		s.log.Info("partition assigned", zap.Int32("partition", p), zap.Int64("committed", committed), zap.Int64("resume_at", w.proc.Next()))
 	}
 	s.m.AssignedPartition.Set(float64(s.numWorkers()))
@@ -312,15 +354,7 @@ func (s *Service) restore(ctx context.Context, p int32, committed int64) (*pipel
 	loaded, err := s.cfg.Store.Load(ctx, s.key(p))
 	switch {
 	case errors.Is(err, checkpoint.ErrNotFound):
-		proc, err := pipeline.New(cfg, max(committed, 0))
-		if err != nil {
-			return nil, 0, err
-		}
-		if committed > 0 {
-			s.log.Warn("no snapshot for a partition with committed offsets; starting with empty windows",
-				zap.Int32("partition", p), zap.Int64("committed", committed))
-		}
-		return proc, -1, nil
+		return s.rebuild(ctx, p, committed)
 	case err != nil:
 		return nil, 0, fmt.Errorf("partition %d: %w", p, err)
 	}
@@ -328,11 +362,49 @@ func (s *Service) restore(ctx context.Context, p int32, committed int64) (*pipel
 		s.m.SnapshotFallbacks.Inc()
 		s.log.Warn("newest snapshot corrupt, restored the previous one", zap.Int32("partition", p), zap.Error(loaded.CorruptErr))
 	}
-	proc, err := pipeline.Restore(cfg, loaded.State)
+	snap := loaded.Snapshot
+	if s.cfg.ExactlyOnce {
+		var stepBack, ok bool
+		snap, stepBack, ok = checkpoint.ForCommitted(loaded, committed)
+		if !ok {
+			s.log.Warn("exactly-once: no snapshot matches the committed offset; rebuilding from the committed offset",
+				zap.Int32("partition", p), zap.Int64("committed", committed), zap.Int64("snapshot_next", loaded.Next))
+			return s.rebuild(ctx, p, committed)
+		}
+		if stepBack {
+			s.log.Warn("exactly-once: newest snapshot is ahead of the committed transaction (crash between save and commit); resuming from the previous one",
+				zap.Int32("partition", p), zap.Int64("committed", committed), zap.Int64("discarded_next", loaded.Next))
+			// Invariant: the store's previous snapshot always matches a
+			// committed transaction. Save the one we resume from again, so
+			// the discarded (uncommitted) snapshot drops out of the store's
+			// two slots before our next checkpoint could make it "previous".
+			if err := s.cfg.Store.Save(ctx, s.key(p), snap); err != nil {
+				return nil, 0, fmt.Errorf("partition %d: re-save the committed snapshot: %w", p, err)
+			}
+		}
+	}
+	proc, err := pipeline.Restore(cfg, snap.State)
 	if err != nil {
 		return nil, 0, fmt.Errorf("partition %d: restore snapshot: %w", p, err)
 	}
-	return proc, loaded.Next, nil
+	return proc, snap.Next, nil
+}
+
+// rebuild starts a partition without a usable snapshot: empty state when
+// nothing was committed, else a warm-up read up to the committed offset.
+func (s *Service) rebuild(ctx context.Context, p int32, committed int64) (*pipeline.Processor, int64, error) {
+	if committed > 0 {
+		proc, err := s.warmUp(ctx, p, committed)
+		if err != nil {
+			return nil, 0, err
+		}
+		return proc, committed, nil
+	}
+	proc, err := pipeline.New(s.processorConfig(p), max(committed, 0))
+	if err != nil {
+		return nil, 0, err
+	}
+	return proc, committed, nil
 }
 
 func (s *Service) numWorkers() int {

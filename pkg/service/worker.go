@@ -31,9 +31,13 @@ type worker struct {
 	label   string
 	proc    *pipeline.Processor
 	tracker *sink.Tracker
-	in      chan batch
-	quit    chan bool // true: checkpoint before leaving
-	done    chan struct{}
+	// txn is the partition's transactional producer in exactly-once mode
+	// (nil otherwise); txnRecords counts outputs in its open transaction.
+	txn        *kgo.Client
+	txnRecords int
+	in         chan batch
+	quit       chan bool // true: checkpoint before leaving
+	done       chan struct{}
 
 	wantPause atomic.Bool
 	emitFn    func(*pipeline.Output)
@@ -47,10 +51,10 @@ type worker struct {
 	recordsIn, features, lateApplied prometheus.Counter
 }
 
-func (s *Service) startWorker(p int32, proc *pipeline.Processor) *worker {
+func (s *Service) startWorker(p int32, proc *pipeline.Processor, txn *kgo.Client) *worker {
 	label := metrics.Partition(p)
 	w := &worker{
-		s: s, part: p, label: label, proc: proc,
+		s: s, part: p, label: label, proc: proc, txn: txn,
 		in:          make(chan batch, 4),
 		quit:        make(chan bool, 1),
 		done:        make(chan struct{}),
@@ -59,7 +63,11 @@ func (s *Service) startWorker(p int32, proc *pipeline.Processor) *worker {
 		features:    s.m.Features.WithLabelValues(label),
 		lateApplied: s.m.LateApplied.WithLabelValues(label),
 	}
-	w.tracker = s.sink.NewTracker(func(arrival int64) {
+	snk := s.sink
+	if txn != nil {
+		snk = sink.New(txn, s.cfg.OutputTopic, s.cfg.DLQTopic, s.cfg.Host)
+	}
+	w.tracker = snk.NewTracker(func(arrival int64) {
 		s.m.Latency.Observe(float64(time.Now().UnixNano()-arrival) / 1e9)
 	})
 	w.emitFn = w.emit
@@ -74,6 +82,11 @@ func (w *worker) stop(commit bool) { w.quit <- commit }
 
 func (w *worker) run() {
 	defer close(w.done)
+	if w.txn != nil {
+		// Leaving without a commit abandons the open transaction: the next
+		// owner's fencing (or the transaction timeout) aborts it.
+		defer w.txn.Close()
+	}
 	tick := time.NewTicker(w.tickEvery())
 	defer tick.Stop()
 	lastCheckpoint := time.Now()
@@ -164,6 +177,7 @@ func (w *worker) emit(o *pipeline.Output) {
 		w.features.Inc()
 		w.tracker.Features(o.Key, o.Value, o.Arrival)
 	}
+	w.txnRecords++
 	if w.s.cfg.Observe != nil {
 		w.s.cfg.Observe(o)
 	}
@@ -202,6 +216,13 @@ func (w *worker) checkpoint() error {
 	if !w.dirty && w.proc.Next() == w.lastNext {
 		return nil
 	}
+	if w.txn != nil && w.txnRecords == 0 {
+		// Exactly-once: a transaction with offsets but no records is one
+		// franz-go would not end. Nothing was emitted, so nothing is lost by
+		// waiting: the offset is committed with the next output (a crash
+		// before then re-reads these records from the older commit).
+		return nil
+	}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -216,7 +237,16 @@ func (w *worker) checkpoint() error {
 		return fmt.Errorf("partition %d: %w", w.part, err)
 	}
 	w.s.m.CheckpointBytes.WithLabelValues(w.label).Set(float64(len(w.snapBuf)))
-	if err := w.commit(ctx, next); err != nil {
+	if w.txn != nil {
+		// The snapshot above is durable before this commit: a crash in
+		// between leaves it ahead of the committed transaction, and restore
+		// steps back to the previous one (checkpoint.ForCommitted).
+		if err := w.commitTxn(ctx, next); err != nil {
+			w.s.m.CommitErrors.Inc()
+			return fmt.Errorf("partition %d: exactly-once commit of offset %d: %w", w.part, next, err)
+		}
+		w.txnRecords = 0
+	} else if err := w.commit(ctx, next); err != nil {
 		// The snapshot is saved; a failed commit only means a restart re-reads
 		// from the older committed offset and the snapshot's offset wins.
 		w.s.m.CommitErrors.Inc()

@@ -1,0 +1,146 @@
+package service
+
+// Exactly-once output (Config.ExactlyOnce).
+//
+// Design: one transactional producer per assigned input partition, with the
+// transactional id "velocity-<group>-<topic>-<partition>", and the offset
+// commit sent inside that producer's transaction (AddOffsetsToTxn +
+// TxnOffsetCommit), rather than franz-go's GroupTransactSession. Why:
+//
+//   - Checkpoints here are per partition, on each worker's own clock, and a
+//     partition is the unit that moves between instances. A GroupTransactSession
+//     has one transaction for every partition of the instance: each interval it
+//     would have to stop all workers at once, and any rebalance aborts all of
+//     their work, not just the moving partition's.
+//   - Fencing follows the partition. The new owner of partition p initialises
+//     the producer with p's transactional id before it reads the committed
+//     offset, which aborts whatever transaction a crashed or zombie previous
+//     owner left open and fences that owner's later writes. Only then is the
+//     committed offset read, and it is final.
+//   - The cost is one producer client (and its connections) per assigned
+//     partition; fine for tens of partitions per instance, worth revisiting
+//     for hundreds.
+//
+// The offset commit carries no group generation (generation -1, no member id):
+// the broker accepts transactional commits without member information, and
+// fencing comes from the transactional id, so a rebalance racing a checkpoint
+// does not fail the commit of a partition that is still ours.
+//
+// Per checkpoint interval, on the worker goroutine:
+//
+//	flush (all outputs of offsets < next are in the open transaction)
+//	→ save the snapshot {Next: next} durably
+//	→ AddOffsetsToTxn + TxnOffsetCommit(next)
+//	→ EndTransaction(commit) → BeginTransaction
+//
+// The snapshot is saved before the commit, so after a crash in between the
+// newest snapshot is ahead of the committed transaction; recovery then steps
+// back to the previous snapshot, whose Next is the committed offset (see
+// checkpoint.ForCommitted and Service.restoreExactlyOnce).
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/velocity-consumer/velocity-consumer/pkg/sink"
+)
+
+func (s *Service) transactionalID(p int32) string {
+	return fmt.Sprintf("velocity-%s-%s-%d", s.cfg.Group, s.cfg.InputTopic, p)
+}
+
+// newTxnProducer creates partition p's transactional producer and initialises
+// its producer id, which fences any previous owner of p and completes (aborts)
+// its open transaction before this returns.
+func (s *Service) newTxnProducer(ctx context.Context, p int32) (*kgo.Client, error) {
+	timeout := max(time.Minute, 3*s.cfg.CheckpointInterval)
+	opts := append(append([]kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...)}, sink.ProducerOpts()...),
+		kgo.TransactionalID(s.transactionalID(p)),
+		kgo.TransactionTimeout(timeout),
+	)
+	opts = append(opts, s.cfg.ClientOpts...)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("partition %d: transactional producer: %w", p, err)
+	}
+	ictx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if _, _, err := cl.ProducerID(ictx); err != nil {
+		cl.Close()
+		return nil, fmt.Errorf("partition %d: initialise transactional id %s: %w", p, s.transactionalID(p), err)
+	}
+	if err := cl.BeginTransaction(); err != nil {
+		cl.Close()
+		return nil, fmt.Errorf("partition %d: begin transaction: %w", p, err)
+	}
+	return cl, nil
+}
+
+// committedOffset reads the group's committed offset for p (-1: none). In
+// exactly-once mode it is called after newTxnProducer fenced the previous
+// owner, so no transaction holding an offset for p is still pending.
+func (s *Service) committedOffset(ctx context.Context, p int32) (int64, error) {
+	resp, err := s.adm.FetchOffsetsForTopics(ctx, s.cfg.Group, s.cfg.InputTopic)
+	if err != nil {
+		return 0, fmt.Errorf("partition %d: fetch committed offset: %w", p, err)
+	}
+	r, ok := resp.Lookup(s.cfg.InputTopic, p)
+	if !ok || r.At < 0 {
+		return -1, nil
+	}
+	if r.Err != nil {
+		return 0, fmt.Errorf("partition %d: fetch committed offset: %w", p, r.Err)
+	}
+	return r.At, nil
+}
+
+// commitTxn adds the offset commit to the open transaction, commits it and
+// opens the next one. Any error leaves the transaction to be aborted (by the
+// broker's timeout or the next owner's fencing): the caller must stop.
+func (w *worker) commitTxn(ctx context.Context, next int64) error {
+	cl := w.txn
+	id, epoch, err := cl.ProducerID(ctx)
+	if err != nil {
+		return fmt.Errorf("producer id: %w", err)
+	}
+	add := kmsg.NewPtrAddOffsetsToTxnRequest()
+	add.TransactionalID, add.ProducerID, add.ProducerEpoch, add.Group = w.s.transactionalID(w.part), id, epoch, w.s.cfg.Group
+	addResp, err := add.RequestWith(ctx, cl)
+	if err == nil {
+		err = kerr.ErrorForCode(addResp.ErrorCode)
+	}
+	if err != nil {
+		return fmt.Errorf("add offsets to transaction: %w", err)
+	}
+	req := kmsg.NewPtrTxnOffsetCommitRequest()
+	req.TransactionalID, req.Group, req.ProducerID, req.ProducerEpoch = w.s.transactionalID(w.part), w.s.cfg.Group, id, epoch
+	req.Generation, req.MemberID = -1, ""
+	rt := kmsg.NewTxnOffsetCommitRequestTopic()
+	rt.Topic = w.s.cfg.InputTopic
+	rp := kmsg.NewTxnOffsetCommitRequestTopicPartition()
+	rp.Partition, rp.Offset, rp.LeaderEpoch = w.part, next, -1
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(ctx, cl)
+	if err == nil {
+		for _, t := range resp.Topics {
+			for _, p := range t.Partitions {
+				if e := kerr.ErrorForCode(p.ErrorCode); e != nil {
+					err = e
+				}
+			}
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("commit offset %d in transaction: %w", next, err)
+	}
+	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		return fmt.Errorf("commit transaction: %w", err)
+	}
+	return cl.BeginTransaction()
+}

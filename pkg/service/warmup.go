@@ -1,0 +1,161 @@
+package service
+
+// Warm-up: rebuilding a partition's state without a snapshot.
+//
+// When a partition has a committed offset but no usable snapshot (the store
+// was lost or wiped, the service was switched from another store, or in
+// exactly-once mode no snapshot matches the committed transaction), the
+// window state is rebuilt by replaying the tail of the partition before the
+// committed offset through a fresh Processor with its outputs discarded
+// (they were published by the run that committed the offset), then
+// consumption continues at the committed offset.
+//
+// The tail starts at the first record whose timestamp is at or after
+//
+//	T − (largest window + allowed lateness + warmUpSlack)
+//
+// where T is the largest record timestamp among the last records before the
+// committed offset (kadm ListOffsetsAfterMilli uses the broker's time index).
+//
+// What it restores exactly, provided record timestamps are within
+// warmUpSlack of event times: every window aggregate of the events that
+// follow (an event after the committed offset is at or after the watermark,
+// so its windows reach back at most the largest window, all inside the
+// tail); the watermark; the reorder buffer (events pending at the committed
+// offset are re-read and released later, so none is lost).
+//
+// What it cannot restore:
+//   - the dedupe set before the tail: a duplicate of an event older than the
+//     tail is counted instead of dead-lettered (the dedupe horizon usually
+//     equals the largest window, so only the slack-sized edge is missed, but
+//     a longer --dedupe-horizon is only partly honoured);
+//   - entities whose last event is older than the tail: their
+//     ms_since_previous is null instead of the real gap (--entity-ttl history);
+//   - the idle-eviction sweep points, which shift for the rest of the run;
+//   - decisions the live run made from the wall clock (idle-timeout
+//     releases) or from events before the tail (an event that was late then
+//     may be accepted during the warm-up; it only touches buckets older than
+//     the largest window, so later aggregates are unaffected);
+//   - records already deleted by retention, and a start point chosen by
+//     producer timestamps that are far from event times.
+//
+// The warm-up runs inside the assignment callback and so delays the start of
+// this partition (and of the others assigned in the same rebalance); it is
+// logged with its offsets and duration.
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/velocity-consumer/velocity-consumer/pkg/pipeline"
+)
+
+// warmUpSlack widens the warm-up tail to absorb the difference between record
+// timestamps (what the broker indexes) and event times (what windows use).
+const warmUpSlack = 5 * time.Minute
+
+// warmUpProbe is how many records before the committed offset are read to find
+// the newest record timestamp.
+const warmUpProbe = 64
+
+// warmUp builds partition p's processor from the records before committed.
+func (s *Service) warmUp(ctx context.Context, p int32, committed int64) (*pipeline.Processor, error) {
+	start := time.Now()
+	var largest int64
+	for _, sp := range s.cfg.Specs {
+		largest = max(largest, sp.WindowMs)
+	}
+	span := largest + s.cfg.Watermark.AllowedLateness + warmUpSlack.Milliseconds()
+
+	var lastTs int64 = -1
+	if err := s.readRange(ctx, p, max(committed-warmUpProbe, 0), committed, func(r *kgo.Record) {
+		lastTs = max(lastTs, r.Timestamp.UnixMilli())
+	}); err != nil {
+		return nil, fmt.Errorf("partition %d: warm-up: find the last record before offset %d: %w", p, committed, err)
+	}
+	from := int64(0)
+	if lastTs >= 0 {
+		listed, err := s.adm.ListOffsetsAfterMilli(ctx, lastTs-span, s.cfg.InputTopic)
+		if err != nil {
+			return nil, fmt.Errorf("partition %d: warm-up: list offsets by time: %w", p, err)
+		}
+		if lo, ok := listed.Lookup(s.cfg.InputTopic, p); ok && lo.Err == nil {
+			from = min(lo.Offset, committed)
+		}
+	}
+	proc, err := pipeline.New(s.processorConfig(p), from)
+	if err != nil {
+		return nil, err
+	}
+	discard := func(*pipeline.Output) {}
+	n := 0
+	if err := s.readRange(ctx, p, from, committed, func(r *kgo.Record) {
+		n++
+		proc.Process(pipeline.Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value}, discard)
+	}); err != nil {
+		return nil, fmt.Errorf("partition %d: warm-up read %d..%d: %w", p, from, committed, err)
+	}
+	s.log.Warn("no snapshot for a partition with a committed offset: rebuilt its state by a warm-up read without emitting",
+		zap.Int32("partition", p), zap.Int64("from", from), zap.Int64("committed", committed),
+		zap.Int("records", n), zap.Int64("span_ms", span), zap.Duration("took", time.Since(start)))
+	return proc, nil
+}
+
+// readRange reads input partition p's records with offsets in [from, to) with
+// read_committed isolation, as the group consumer does. It stops at to, or
+// when a fetch stays empty for a while (the rest of the range is transaction
+// markers or was compacted away).
+func (s *Service) readRange(ctx context.Context, p int32, from, to int64, fn func(*kgo.Record)) error {
+	if from >= to {
+		return nil
+	}
+	cl, err := kgo.NewClient(append([]kgo.Opt{
+		kgo.SeedBrokers(s.cfg.Brokers...),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{s.cfg.InputTopic: {p: kgo.NewOffset().At(from)}}),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.FetchMaxBytes(32 << 20),
+		kgo.FetchMaxWait(200 * time.Millisecond),
+	}, s.cfg.ClientOpts...)...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		fs := cl.PollFetches(pctx)
+		cancel()
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if fs.NumRecords() == 0 && pctx.Err() != nil {
+			return nil
+		}
+		var ferr error
+		fs.EachError(func(_ string, _ int32, err error) {
+			if ctx.Err() == nil && pctx.Err() == nil {
+				ferr = err
+			}
+		})
+		if ferr != nil {
+			return ferr
+		}
+		done := false
+		fs.EachRecord(func(r *kgo.Record) {
+			if r.Offset >= to {
+				done = true
+				return
+			}
+			fn(r)
+			if r.Offset == to-1 {
+				done = true
+			}
+		})
+		if done {
+			return nil
+		}
+	}
+}
