@@ -207,3 +207,35 @@ func measure(t *testing.T, n, events int, step int64) (float64, string) {
 	per := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(n)
 	return per, fmt.Sprintf("%d raw, %d rings", raw, rings)
 }
+
+// BenchmarkBaselineMapLookup1M is not the engine: a bare map[string]uint32 lookup of
+// a random one of 1 M ids (formatted into a reused buffer as in stepMillion). It
+// calibrates what a single random lookup costs on the machine at the time, since a
+// shared machine's memory latency moves the 1 M-entity numbers more than the code.
+func BenchmarkBaselineMapLookup1M(b *testing.B) {
+	m := make(map[string]uint32, millionEntities)
+	for i := range millionEntities {
+		m[fmt.Sprintf("card-%07d", i)] = uint32(i)
+	}
+	r := rand.New(rand.NewPCG(1, 1))
+	order := make([]uint32, 1<<22)
+	for i := range order {
+		order[i] = uint32(r.IntN(millionEntities))
+	}
+	var buf [12]byte
+	copy(buf[:], "card-")
+	var sink uint32
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		n := order[i&(len(order)-1)]
+		for j := len(buf) - 1; j >= 5; j-- {
+			buf[j] = byte('0' + n%10)
+			n /= 10
+		}
+		sink += m[unsafe.String(&buf[0], len(buf))]
+	}
+	if sink == 0 {
+		b.Fatal("no lookups")
+	}
+}

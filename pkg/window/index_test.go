@@ -21,7 +21,7 @@ func TestIndexMatchesMap(t *testing.T) {
 		}
 		switch {
 		case !ok:
-			model[id] = tbl.create(id)
+			model[id] = tbl.create(id) // Sprintf's string is the table's to keep
 		case r.IntN(2) == 0:
 			tbl.remove(slot)
 			delete(model, id)

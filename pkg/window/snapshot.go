@@ -269,7 +269,7 @@ func (t *Table) decodeRaw(d *decoder, e *entity) error {
 	if d.err != nil {
 		return d.err
 	}
-	e.raw = make([]rawEvent, 0, n)
+	e.reallocRaw(int(n))
 	for range n {
 		ev := rawEvent{t: d.varint(), a: d.nonNeg()}
 		if d.err != nil {
