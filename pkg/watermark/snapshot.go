@@ -50,10 +50,13 @@ func (s *Stage) AppendSnapshot(dst []byte) []byte {
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(s.Pending()))
 	s.scratch = append(s.scratch[:0], s.heap...)
 	slices.SortFunc(s.scratch, func(a, b item) int {
-		if a.less(&b) {
+		switch {
+		case a.less(&b):
 			return -1
+		case b.less(&a):
+			return 1
 		}
-		return 1 // keys are unique thanks to seq
+		return 0 // only an item compared with itself: seq makes keys unique
 	})
 	st, hp := s.stagedHead, 0
 	for st < len(s.staged) || hp < len(s.scratch) {
@@ -74,7 +77,7 @@ func (s *Stage) AppendSnapshot(dst []byte) []byte {
 			e := s.ring.at(i)
 			// Skip entries superseded by a later acceptance of the same id and entries
 			// already out of the horizon: neither can affect a future decision.
-			if t0, ok := s.ids[e.k]; !ok || t0 != e.t || !s.live(e.t) {
+			if t0, ok := s.ids.get(e.k); !ok || t0 != e.t || !s.live(e.t) {
 				continue
 			}
 			dst = binary.LittleEndian.AppendUint64(dst, e.k.hi)
@@ -239,17 +242,21 @@ func (s *Stage) decode(b []byte) error {
 	if r.err != nil {
 		return r.err
 	}
-	seen := make(map[idKey]struct{}, ni)
+	var seen idTable
 	for range ni {
 		k := idKey{hi: r.u64("id hash"), lo: r.u64("id hash")}
 		t := int64(r.u64("id time"))
-		if _, dup := seen[k]; dup {
+		if k == (idKey{}) {
+			r.fail("zero id hash")
+			break
+		}
+		if _, dup := seen.get(k); dup {
 			r.fail("id %016x%016x appears twice", k.hi, k.lo)
 			break
 		}
-		seen[k] = struct{}{}
+		seen.set(k, t)
 		if s.dedupe && s.live(t) {
-			s.ids[k] = t
+			s.ids.set(k, t)
 			s.ring.push(idEntry{k: k, t: t})
 		}
 	}

@@ -103,8 +103,8 @@ type Stage struct {
 	pendingBytes int64
 	pressure     bool
 
-	ids  map[idKey]int64 // hashed event id -> event time of its latest acceptance
-	ring idRing          // acceptance order, for expiry
+	ids  idTable // hashed event id -> event time of its latest acceptance
+	ring idRing  // acceptance order, for expiry
 
 	lastOffer time.Time
 	scratch   []item // reused by AppendSnapshot
@@ -159,9 +159,6 @@ func New(cfg Config) (*Stage, error) {
 	}
 	if s.highBytes < 0 || s.lowBytes < 0 || s.lowBytes > s.highBytes {
 		return nil, fmt.Errorf("watermark: byte marks low %d / high %d must satisfy 0 <= low <= high", s.lowBytes, s.highBytes)
-	}
-	if s.dedupe {
-		s.ids = make(map[idKey]int64)
 	}
 	if s.idleTimeout > 0 {
 		// Creation counts as activity: a fresh or restored stage waits a full timeout.
@@ -228,15 +225,29 @@ func (s *Stage) Offer(ev Event) Verdict {
 	if s.idleTimeout > 0 {
 		s.lastOffer = s.now()
 	}
-	var k idKey
+	var (
+		k     idKey
+		slot  int
+		found bool
+	)
 	if s.dedupe {
 		k = hashID(ev.EventID)
-		if t0, ok := s.ids[k]; ok && s.live(t0) {
+		s.ids.reserve()
+		slot, found = s.ids.find(k)
+		if found && s.live(s.ids.slots[slot].t) {
 			return Duplicate
 		}
 	}
 	if s.hasMax && ev.EventTime < satSub(s.maxSeen, s.lateness) {
 		return Late
+	}
+	if s.dedupe {
+		// Not live (checked above), so this is a first acceptance or a re-acceptance
+		// after expiry; either way the new time is the one to remember. It is stored
+		// before expire runs, because expire may shift slots; it survives expire since
+		// its time is >= wm >= maxSeen − horizon (horizon >= lateness).
+		s.ids.putAt(slot, found, k, ev.EventTime)
+		s.ring.push(idEntry{k: k, t: ev.EventTime})
 	}
 	if !s.hasMax || ev.EventTime > s.maxSeen {
 		s.maxSeen = ev.EventTime
@@ -244,13 +255,6 @@ func (s *Stage) Offer(ev Event) Verdict {
 		if s.dedupe {
 			s.expire()
 		}
-	}
-	if s.dedupe {
-		// Not live (checked above), so this is a first acceptance or a re-acceptance
-		// after expiry; either way the new time is the one to remember. The time is
-		// >= wm >= maxSeen − horizon (horizon >= lateness), so it is live.
-		s.ids[k] = ev.EventTime
-		s.ring.push(idEntry{k: k, t: ev.EventTime})
 	}
 	s.enqueue(&ev)
 	return Accepted
@@ -291,10 +295,10 @@ func (s *Stage) Remember(eventID string, eventTime int64) {
 		return
 	}
 	k := hashID(eventID)
-	if t0, ok := s.ids[k]; ok && s.live(t0) && t0 >= eventTime {
+	if t0, ok := s.ids.get(k); ok && s.live(t0) && t0 >= eventTime {
 		return
 	}
-	s.ids[k] = eventTime
+	s.ids.set(k, eventTime)
 	s.ring.push(idEntry{k: k, t: eventTime})
 }
 
@@ -314,9 +318,7 @@ func (s *Stage) expire() {
 			return
 		}
 		s.ring.pop()
-		if t0, ok := s.ids[e.k]; ok && t0 < floor {
-			delete(s.ids, e.k)
-		}
+		s.ids.delOlder(e.k, floor)
 	}
 }
 
