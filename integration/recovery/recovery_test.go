@@ -364,6 +364,27 @@ func TestRecoveryUnderCrashesAndRebalance(t *testing.T) {
 			got := readOutputs(t, ctx, addr, sc, sc.eos)
 			checkOutputs(t, ends, got, want, sc.eos)
 			checkFinalState(t, got, want)
+			if sc.eos {
+				// Evidence that transactions did the work: a read_uncommitted
+				// reader also sees the outputs of aborted transactions.
+				raw := readOutputs(t, ctx, addr, sc, false)
+				repeats := 0
+				for _, os := range raw {
+					repeats += len(os) - 1
+				}
+				t.Logf("exactly-once: a read_uncommitted reader sees %d extra records from aborted transactions", repeats)
+			}
+			logLines := map[string]int{}
+			for _, in := range sc.instances {
+				b, _ := os.ReadFile(in.logs)
+				for _, m := range []string{"ahead of the committed transaction", "warm-up", "newest snapshot corrupt", "no snapshot matches", "stopping: fatal error"} {
+					logLines[m] += bytes.Count(b, []byte(m))
+				}
+			}
+			t.Logf("%s: log lines: %v", sc.name, logLines)
+			if n := logLines["stopping: fatal error"]; n > 0 {
+				t.Errorf("%d instances stopped on a fatal error (logs in %s)", n, filepath.Dir(sc.instances[0].logs))
+			}
 			var rec []time.Duration
 			starts := 0
 			for _, in := range sc.instances {
@@ -504,7 +525,7 @@ func readOutputs(t *testing.T, ctx context.Context, addr string, sc *scenario, c
 			}
 		})
 		for len(remaining) > 0 {
-			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 			fs := cl.PollFetches(pctx)
 			cancel()
 			if ctx.Err() != nil {
