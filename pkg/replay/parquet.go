@@ -112,33 +112,39 @@ func (s *ParquetSink) Write(o *pipeline.Output) error {
 	if len(v.windows) != s.nwin {
 		return fmt.Errorf("parquet sink: record has %d windows, the schema %d", len(v.windows), s.nwin)
 	}
-	row := s.rows[s.n]
-	col := 0
-	put := func(val parquet.Value, def int) {
-		row[col] = val.Level(0, def, col)
-		col++
-	}
+	row := s.rows[s.n][:0]
 	// Strings are copied into the batch's arena: o.Value is reused after
 	// this call, and the rows are handed to the writer a batch at a time.
-	put(parquet.ByteArrayValue(s.keep(v.eventID)), 0)
-	put(parquet.ByteArrayValue(s.keep(v.entityID)), 0)
-	put(parquet.Int64Value(v.eventTime), 0)
+	// Columns are numbered in schema order (see ParquetSchema); every column
+	// but ms_since_previous is required, so its definition level is 0.
+	row = append(row,
+		parquet.ByteArrayValue(s.keep(v.eventID)).Level(0, 0, 0),
+		parquet.ByteArrayValue(s.keep(v.entityID)).Level(0, 0, 1),
+		parquet.Int64Value(v.eventTime).Level(0, 0, 2),
+	)
+	col := 3
 	for i := range v.windows {
 		w := &v.windows[i]
-		put(parquet.Int64Value(w.count), 0)
-		put(parquet.Int64Value(w.sumMinor), 0)
-		put(parquet.Int64Value(w.minMinor), 0)
-		put(parquet.Int64Value(w.maxMinor), 0)
+		row = append(row,
+			parquet.Int64Value(w.count).Level(0, 0, col),
+			parquet.Int64Value(w.sumMinor).Level(0, 0, col+1),
+			parquet.Int64Value(w.minMinor).Level(0, 0, col+2),
+			parquet.Int64Value(w.maxMinor).Level(0, 0, col+3),
+		)
+		col += 4
 	}
 	if v.hasPrevious {
-		put(parquet.Int64Value(v.msSincePrevious), 1)
+		row = append(row, parquet.Int64Value(v.msSincePrevious).Level(0, 1, col))
 	} else {
-		put(parquet.NullValue(), 0)
+		row = append(row, parquet.NullValue().Level(0, 0, col))
 	}
-	put(parquet.BooleanValue(v.late), 0)
-	put(parquet.ByteArrayValue(s.keep(v.sourceTopic)), 0)
-	put(parquet.Int32Value(v.sourcePartition), 0)
-	put(parquet.Int64Value(v.sourceOffset), 0)
+	row = append(row,
+		parquet.BooleanValue(v.late).Level(0, 0, col+1),
+		parquet.ByteArrayValue(s.keep(v.sourceTopic)).Level(0, 0, col+2),
+		parquet.Int32Value(v.sourcePartition).Level(0, 0, col+3),
+		parquet.Int64Value(v.sourceOffset).Level(0, 0, col+4),
+	)
+	s.rows[s.n] = row
 	s.n++
 	if s.n == len(s.rows) {
 		return s.flushRows()
