@@ -1,0 +1,164 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/velocity-consumer/velocity-consumer/pkg/replay"
+)
+
+const replayExample = "../../pkg/replay/testdata/examples.jsonl"
+
+// TestReplayFlagErrors checks that a wrong replay command line is refused with
+// a sentence naming what to fix, before anything is read or written.
+func TestReplayFlagErrors(t *testing.T) {
+	dir := t.TempDir()
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no output", []string{"--input-file", replayExample}, "--output (VELOCITY_OUTPUT) is required"},
+		{"no input", []string{"--output", filepath.Join(dir, "a.jsonl")}, "give --input-topic"},
+		{"unknown file type", []string{"--input-file", "x.csv", "--output", filepath.Join(dir, "a.jsonl")}, "want a .avro"},
+		{"unknown output type", []string{"--input-file", replayExample, "--output", filepath.Join(dir, "a.csv")}, "want topic:NAME, NAME.jsonl or NAME.parquet"},
+		{"parquet dlq", []string{"--input-file", replayExample, "--output", filepath.Join(dir, "a.jsonl"), "--dlq", filepath.Join(dir, "d.parquet")}, "--dlq"},
+		{"bad partitions", []string{"--input-topic", "t", "--partitions", "0,x", "--output", filepath.Join(dir, "a.jsonl")}, "--partitions"},
+		{"bad from", []string{"--input-topic", "t", "--from", "yesterday", "--output", filepath.Join(dir, "a.jsonl")}, "--from (VELOCITY_FROM)"},
+		{"shared semantics flags are validated", []string{"--input-file", replayExample, "--output", filepath.Join(dir, "a.jsonl"), "--windows", "5m:7s"}, "--windows"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := cmdReplay(context.Background(), append(tt.args, "--quiet", "--log-level", "error"))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want one containing %q", err, tt.want)
+			}
+			if m, _ := filepath.Glob(filepath.Join(dir, "*")); len(m) != 0 {
+				t.Errorf("a refused command left files: %v", m)
+			}
+		})
+	}
+}
+
+// TestReplayCommandMatchesRunFlags checks that replay registers every
+// semantics flag run has, with the same defaults: the two modes must be
+// configured identically to produce identical features.
+func TestReplayCommandMatchesRunFlags(t *testing.T) {
+	var r runFlags
+	re := newEnvFlags("run", "")
+	r.register(re)
+	var p replayFlags
+	pe := newEnvFlags("replay", "")
+	p.register(pe)
+	var probe pipelineFlags
+	pf := newEnvFlags("probe", "")
+	probe.register(pf)
+	n := 0
+	pf.fs.VisitAll(func(f *flag.Flag) {
+		n++
+		rf, pfl := re.fs.Lookup(f.Name), pe.fs.Lookup(f.Name)
+		if rf == nil || pfl == nil || rf.DefValue != pfl.DefValue {
+			t.Errorf("flag --%s: run %v, replay %v", f.Name, rf, pfl)
+		}
+	})
+	if n < 5 {
+		t.Fatalf("only %d semantics flags found", n)
+	}
+}
+
+// TestReplayCommandFiles runs the command on the EXAMPLES file to each file
+// output and checks the outputs exist under their final names only.
+func TestReplayCommandFiles(t *testing.T) {
+	for _, out := range []string{"f.jsonl", "f.parquet"} {
+		t.Run(out, func(t *testing.T) {
+			dir := t.TempDir()
+			err := cmdReplay(context.Background(), []string{
+				"--input-file", replayExample, "--windows", "10s:1s,1m:10s", "--allowed-lateness", "2s",
+				"--output", filepath.Join(dir, out), "--dlq", filepath.Join(dir, "dlq.jsonl"), "--quiet", "--log-level", "error",
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, _ := filepath.Glob(filepath.Join(dir, "*"))
+			if len(m) != 2 || !strings.HasSuffix(m[0], "dlq.jsonl") || !strings.HasSuffix(m[1], out) {
+				t.Fatalf("files %v, want dlq.jsonl and %s", m, out)
+			}
+			dlq, _ := os.ReadFile(filepath.Join(dir, "dlq.jsonl"))
+			if got := bytes.Count(dlq, []byte("\n")); got != 3 {
+				t.Errorf("%d dead letters, want 3", got)
+			}
+		})
+	}
+}
+
+// TestReplayInterrupted cancels the command's context (what Ctrl-C does)
+// before it finishes: it must fail, and leave no file at all.
+func TestReplayInterrupted(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "in.jsonl")
+	var b strings.Builder
+	for i := range 200_000 {
+		b.WriteString(`{"event_id":"e` + strconv.Itoa(i) + `","entity_id":"c` + strconv.Itoa(i%1000) + `","amount_minor":1,"event_time":` + strconv.Itoa(1793491200000+i) + "}\n")
+	}
+	if err := os.WriteFile(in, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	out := filepath.Join(dir, "out.parquet")
+	err := cmdReplay(ctx, []string{"--input-file", in, "--output", out, "--dlq", filepath.Join(dir, "d.jsonl"), "--quiet", "--log-level", "error"})
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "interrupted") {
+		t.Fatalf("err = %v, want an interruption", err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(dir, "*")); len(m) != 1 {
+		t.Errorf("files after the interruption: %v, want only the input", m)
+	}
+}
+
+// TestProgressSnapshot checks the rate and ETA derived from the counters, and
+// that the bar fits the terminal width.
+func TestProgressSnapshot(t *testing.T) {
+	tests := []struct {
+		name             string
+		records, done    int64
+		total            int64
+		elapsed          time.Duration
+		wantRate         float64
+		wantETA          time.Duration
+		wantBarSubstring string
+	}{
+		{"half way", 500, 500, 1000, 10 * time.Second, 50, 10 * time.Second, " 50.0%"},
+		{"file bytes", 100, 250, 1000, 5 * time.Second, 20, 15 * time.Second, " 25.0%"},
+		{"unknown total", 100, 0, 0, time.Second, 100, -1, "100 records"},
+		{"nothing yet", 0, 0, 1000, time.Second, 0, -1, "0 records"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := &replay.Progress{Unit: "offsets"}
+			p.Records.Store(tt.records)
+			p.Done.Store(tt.done)
+			p.Total.Store(tt.total)
+			s := snapshotProgress(p, tt.elapsed)
+			if s.rate != tt.wantRate || s.eta != tt.wantETA {
+				t.Errorf("rate %v eta %v, want %v and %v", s.rate, s.eta, tt.wantRate, tt.wantETA)
+			}
+			var b bytes.Buffer
+			drawBar(&b, s, 80)
+			line := strings.TrimSuffix(strings.TrimPrefix(b.String(), "\r"), "\x1b[K")
+			if len(line) > 80 || !strings.Contains(line, tt.wantBarSubstring) {
+				t.Errorf("bar %q (%d wide), want at most 80 wide containing %q", line, len(line), tt.wantBarSubstring)
+			}
+			s.log(zap.NewNop()) // must not panic on any reading
+		})
+	}
+}
