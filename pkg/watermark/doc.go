@@ -32,8 +32,9 @@
 // live run did.
 //
 // The set stores a 128-bit XXH3 hash of each id (github.com/zeebo/xxh3, a fixed,
-// unseeded, platform-independent function), not the id itself: memory is a fixed 24
-// bytes per id plus map overhead whatever the id length, and the set never retains the
+// unseeded, platform-independent function), not the id itself: memory per id is fixed
+// whatever the id length (a 24-byte slot in an open-addressing table kept a quarter to
+// half full, plus a 24-byte FIFO entry: 72 to 144 bytes), and the set never retains the
 // caller's strings. The price is that two different ids could collide and the second be
 // reported as a duplicate. For n ids alive inside one horizon the chance that any pair
 // collides is about n²/2¹²⁹: for a billion ids in a day, about 1.5·10⁻²¹. XXH3 is not a
@@ -45,8 +46,11 @@
 // The ids are also kept in a FIFO in acceptance order; whenever maxSeen advances, ids
 // at the head whose event time fell out of the horizon are dropped. Memory is therefore
 // bounded by the ids accepted within roughly DedupeHorizon + AllowedLateness of event
-// time. Lookups check the stored event time too, so an expired id that is still waiting
-// behind a younger head is already treated as absent.
+// time; the table and FIFO keep their peak size rather than shrinking, so that steady
+// state allocates nothing. As a sizing guide, 100 events/s on a partition with the 24 h
+// default keeps 8.6 million ids, 0.6 to 1.2 GB. Lookups check the stored event time
+// too, so an expired id that is still waiting behind a younger head is already treated
+// as absent.
 //
 // # Idle release
 //
