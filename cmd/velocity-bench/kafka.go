@@ -1,0 +1,324 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+)
+
+// checkLoopback refuses brokers off this machine: the harness creates and deletes
+// topics and floods them, which is only acceptable on a local test broker.
+func checkLoopback(brokers []string) error {
+	for _, b := range brokers {
+		host, _, err := net.SplitHostPort(b)
+		if err != nil {
+			return fmt.Errorf("broker %q: %w", b, err)
+		}
+		if host == "localhost" {
+			continue
+		}
+		ip := net.ParseIP(host)
+		if ip == nil || !ip.IsLoopback() {
+			return fmt.Errorf("broker %q is not a loopback address; velocity-bench only runs against a local broker", b)
+		}
+	}
+	return nil
+}
+
+func newAdmin(brokers []string) (*kadm.Client, *kgo.Client, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return nil, nil, err
+	}
+	return kadm.NewClient(cl), cl, nil
+}
+
+// createTopics creates each topic with the given partitions and configs and waits until
+// every partition has a leader.
+func createTopics(ctx context.Context, adm *kadm.Client, partitions int32, configs map[string]string, topics ...string) error {
+	cfg := make(map[string]*string, len(configs))
+	for k, v := range configs {
+		cfg[k] = kadm.StringPtr(v)
+	}
+	resp, err := adm.CreateTopics(ctx, partitions, -1, cfg, topics...)
+	if err != nil {
+		return fmt.Errorf("create topics %v: %w", topics, err)
+	}
+	if err := resp.Error(); err != nil {
+		return fmt.Errorf("create topics %v: %w", topics, err)
+	}
+	for range 300 { // 30 s at most
+		md, err := adm.Metadata(ctx, topics...)
+		if err == nil && allLed(md, topics, partitions) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("topics %v have no leader for every partition after 30 s", topics)
+}
+
+func allLed(md kadm.Metadata, topics []string, partitions int32) bool {
+	for _, t := range topics {
+		td, ok := md.Topics[t]
+		if !ok || td.Err != nil || len(td.Partitions) != int(partitions) {
+			return false
+		}
+		for _, p := range td.Partitions {
+			if p.Err != nil || p.Leader < 0 {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// deleteTopics removes a run's topics (and Kafka Streams' internal ones) so that runs
+// do not fill the broker's disk; failures are reported, not fatal.
+func deleteTopics(ctx context.Context, adm *kadm.Client, topics ...string) error {
+	if len(topics) == 0 {
+		return nil
+	}
+	resp, err := adm.DeleteTopics(ctx, topics...)
+	if err != nil {
+		return err
+	}
+	return resp.Error()
+}
+
+// internalTopicsOf lists the topics whose name starts with prefix (Kafka Streams names
+// its changelog and repartition topics after the application id).
+func internalTopicsOf(ctx context.Context, adm *kadm.Client, prefix string) []string {
+	td, err := adm.ListTopics(ctx)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for name := range td {
+		if len(name) > len(prefix) && name[:len(prefix)] == prefix {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+func newProducer(brokers []string, topic string) (*kgo.Client, error) {
+	return kgo.NewClient(
+		kgo.SeedBrokers(brokers...),
+		kgo.DefaultProduceTopic(topic),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.ProducerLinger(time.Millisecond),
+		kgo.ProducerBatchCompression(kgo.Lz4Compression()),
+		kgo.MaxBufferedRecords(200_000),
+		kgo.RecordDeliveryTimeout(60*time.Second),
+	)
+}
+
+// produceAll writes the whole workload to topic as fast as the broker takes it, with
+// event times from the workload's schedule, and waits for every acknowledgement.
+func produceAll(ctx context.Context, brokers []string, topic string, w Workload) (time.Duration, error) {
+	cl, err := newProducer(brokers, topic)
+	if err != nil {
+		return 0, err
+	}
+	defer cl.Close()
+	g, err := NewGenerator(w)
+	if err != nil {
+		return 0, err
+	}
+	var firstErr atomic.Pointer[error]
+	start := time.Now()
+	for {
+		ev, ok := g.Next()
+		if !ok {
+			break
+		}
+		if e := firstErr.Load(); e != nil {
+			return 0, *e
+		}
+		cl.Produce(ctx, record(ev, w.EventTime(g.Index(), ev.DisorderMs)), func(_ *kgo.Record, err error) {
+			if err != nil {
+				firstErr.CompareAndSwap(nil, &err)
+			}
+		})
+	}
+	if err := cl.Flush(ctx); err != nil {
+		return 0, err
+	}
+	if e := firstErr.Load(); e != nil {
+		return 0, *e
+	}
+	return time.Since(start), nil
+}
+
+func record(ev Event, eventTime int64) *kgo.Record {
+	key := appendEntityID(make([]byte, 0, 12), ev.Entity)
+	tx := codec.Transaction{
+		EventID:     string(ev.ID[:]),
+		EntityID:    string(key),
+		AmountMinor: ev.AmountMin,
+		Currency:    ev.Currency,
+		EventTime:   eventTime,
+	}
+	return &kgo.Record{Key: key, Value: codec.EncodeTransaction(&tx)}
+}
+
+// producePaced writes events at rate per second for d, each with event_time = the wall
+// clock in ms when it is handed to the producer, minus its disorder. It sends in 1 ms
+// ticks (the rate's share of each tick), which is as steady as a millisecond clock
+// allows. It returns how many it sent.
+func producePaced(ctx context.Context, cl *kgo.Client, g *Generator, rate int, d time.Duration) (int, error) {
+	var firstErr atomic.Pointer[error]
+	start := time.Now()
+	sent := 0
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		now := time.Now()
+		el := now.Sub(start)
+		if el >= d {
+			break
+		}
+		due := int(el.Seconds() * float64(rate))
+		for ; sent < due; sent++ {
+			ev, ok := g.Next()
+			if !ok {
+				return sent, errors.New("paced produce: workload exhausted; raise --events")
+			}
+			cl.Produce(ctx, record(ev, now.UnixMilli()-ev.DisorderMs), func(_ *kgo.Record, err error) {
+				if err != nil {
+					firstErr.CompareAndSwap(nil, &err)
+				}
+			})
+		}
+		if e := firstErr.Load(); e != nil {
+			return sent, *e
+		}
+		select {
+		case <-ctx.Done():
+			return sent, ctx.Err()
+		case <-tick.C:
+		}
+	}
+	if err := cl.Flush(ctx); err != nil {
+		return sent, err
+	}
+	if e := firstErr.Load(); e != nil {
+		return sent, *e
+	}
+	return sent, nil
+}
+
+// endOffsetSum is the sum of the high watermarks of topics' partitions: the number of
+// records in them when nothing is transactional (transaction markers take offsets too).
+func endOffsetSum(ctx context.Context, adm *kadm.Client, topics ...string) (int64, error) {
+	lo, err := adm.ListEndOffsets(ctx, topics...)
+	if err != nil {
+		return 0, err
+	}
+	if err := lo.Error(); err != nil {
+		return 0, err
+	}
+	var n int64
+	lo.Each(func(o kadm.ListedOffset) { n += o.Offset })
+	return n, nil
+}
+
+// scanResult is what a run's outputs say once read back.
+type scanResult struct {
+	Features, DeadLetters int
+	FirstAppend           time.Time // earliest broker append time of any output
+	LastAppend            time.Time
+	Latencies             []int64 // ms: append time − event_time, features only, sorted
+	Unique                int     // distinct input (partition, offset) pairs covered
+	Dups                  int     // outputs for an input that already had one
+	BadValues             int     // features values that did not decode
+}
+
+// scanOutputs reads output and dlq from the start with read_committed until it has seen
+// want records or timeout passes. minEventTime excludes warm-up records from the latency
+// sample (they still count for accounting).
+func scanOutputs(ctx context.Context, brokers []string, output, dlq string, want int, minEventTime int64, timeout time.Duration) (scanResult, error) {
+	var res scanResult
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(brokers...),
+		kgo.ConsumeTopics(output, dlq),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.FetchMaxBytes(64<<20),
+		kgo.FetchMaxWait(200*time.Millisecond),
+	)
+	if err != nil {
+		return res, err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	seen := newOffsetSet()
+	for res.Features+res.DeadLetters < want {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		if errs := fs.Errors(); len(errs) > 0 {
+			return res, fmt.Errorf("read outputs: %w", errs[0].Err)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			ts := r.Timestamp
+			if res.FirstAppend.IsZero() || ts.Before(res.FirstAppend) {
+				res.FirstAppend = ts
+			}
+			if ts.After(res.LastAppend) {
+				res.LastAppend = ts
+			}
+			if r.Topic == dlq {
+				res.DeadLetters++
+				p, off := dlqSource(r)
+				seen.Add(p, off)
+				return
+			}
+			res.Features++
+			f, err := codec.DecodeFeatures(r.Value)
+			if err != nil {
+				res.BadValues++
+				return
+			}
+			seen.Add(f.SourcePartition, f.SourceOffset)
+			if f.EventTime >= minEventTime {
+				res.Latencies = append(res.Latencies, ts.UnixMilli()-f.EventTime)
+			}
+		})
+	}
+	slices.Sort(res.Latencies)
+	res.Unique, res.Dups = seen.count, seen.dups
+	if got := res.Features + res.DeadLetters; got < want {
+		return res, fmt.Errorf("read %d of %d outputs within %s", got, want, timeout)
+	}
+	return res, nil
+}
+
+func dlqSource(r *kgo.Record) (int32, int64) {
+	p, off := int64(-1), int64(-1)
+	for _, h := range r.Headers {
+		switch h.Key {
+		case codec.HeaderSourcePartition:
+			p, _ = strconv.ParseInt(string(h.Value), 10, 32)
+		case codec.HeaderSourceOffset:
+			off, _ = strconv.ParseInt(string(h.Value), 10, 64)
+		}
+	}
+	return int32(p), off
+}

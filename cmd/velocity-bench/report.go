@@ -1,0 +1,167 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"strings"
+)
+
+// group is the results of one (mode, processor, entities, rate) cell over the rounds.
+type group struct {
+	mode, proc string
+	entities   int
+	rate       int
+	runs       []Result
+}
+
+func (g *group) median(f func(Result) float64) float64 {
+	xs := make([]float64, 0, len(g.runs))
+	for _, r := range g.runs {
+		xs = append(xs, f(r))
+	}
+	return Median(xs)
+}
+
+// refFor is the "ours" processor a peer is compared with: ours with the same
+// exactly-once setting, else the first ours in the results.
+func refFor(peer string, procs []string) string {
+	eos := strings.Contains(peer, ":eos")
+	first := ""
+	for _, p := range procs {
+		if !strings.HasPrefix(p, "ours") {
+			continue
+		}
+		if first == "" {
+			first = p
+		}
+		if strings.Contains(p, ":eos") == eos {
+			return p
+		}
+	}
+	return first
+}
+
+// ratio is the median over rounds of ours/peer within a round, so that the noise
+// a round shares (another engineer's build) mostly cancels.
+func ratio(runs []Result, mode, ours, peer string, entities, rate int, f func(Result) float64) float64 {
+	byRound := map[int][2]float64{}
+	for _, r := range runs {
+		if r.Mode != mode || r.Entities != entities || r.Rate != rate || r.Err != "" {
+			continue
+		}
+		v := byRound[r.Round]
+		if v == [2]float64{} {
+			v = [2]float64{math.NaN(), math.NaN()}
+		}
+		switch r.Processor {
+		case ours:
+			v[0] = f(r)
+		case peer:
+			v[1] = f(r)
+		}
+		byRound[r.Round] = v
+	}
+	var xs []float64
+	for _, v := range byRound {
+		if !math.IsNaN(v[0]) && !math.IsNaN(v[1]) && v[1] != 0 {
+			xs = append(xs, v[0]/v[1])
+		}
+	}
+	return Median(xs)
+}
+
+// Report renders the results as the Markdown tables BENCHMARKS.md carries: medians
+// over rounds of each cell, and the ratio ours/peer per round, medianed.
+func Report(all []Result) string {
+	var groups []*group
+	index := map[string]*group{}
+	var procs []string
+	seenProc := map[string]bool{}
+	failed := 0
+	for _, r := range all {
+		if r.Err != "" {
+			failed++
+			continue
+		}
+		if !seenProc[r.Processor] {
+			seenProc[r.Processor] = true
+			procs = append(procs, r.Processor)
+		}
+		k := fmt.Sprintf("%s|%s|%d|%d", r.Mode, r.Processor, r.Entities, r.Rate)
+		g := index[k]
+		if g == nil {
+			g = &group{mode: r.Mode, proc: r.Processor, entities: r.Entities, rate: r.Rate}
+			index[k] = g
+			groups = append(groups, g)
+		}
+		g.runs = append(g.runs, r)
+	}
+	var b strings.Builder
+	fmtRatio := func(x float64) string {
+		if math.IsNaN(x) {
+			return "—"
+		}
+		return fmt.Sprintf("%.2f", x)
+	}
+	b.WriteString("Throughput (input produced first; medians over rounds):\n\n")
+	b.WriteString("| processor | entities | runs | events/s | wall s (incl. startup) | startup s | peak RSS MiB | CPU s / M events | answered/inputs | ours/peer events/s | ours/peer RSS | ours/peer CPU |\n")
+	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |\n")
+	for _, g := range groups {
+		if g.mode != "throughput" {
+			continue
+		}
+		ref, rt, rr, rc := "", math.NaN(), math.NaN(), math.NaN()
+		if !strings.HasPrefix(g.proc, "ours") {
+			ref = refFor(g.proc, procs)
+			rt = ratio(all, g.mode, ref, g.proc, g.entities, g.rate, func(r Result) float64 { return r.EventsPerSec })
+			rr = ratio(all, g.mode, ref, g.proc, g.entities, g.rate, func(r Result) float64 { return r.PeakRSSMiB })
+			rc = ratio(all, g.mode, ref, g.proc, g.entities, g.rate, func(r Result) float64 { return r.CPUSecPerMEvt })
+		}
+		answered := fmt.Sprintf("%d/%d", g.runs[0].Unique, g.runs[0].Events)
+		if g.runs[0].DeadLetters > 0 {
+			answered += fmt.Sprintf(" (%d DLQ)", g.runs[0].DeadLetters)
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %.0f | %.1f | %.1f | %.0f | %.2f | %s | %s | %s | %s |\n",
+			g.proc, g.entities, len(g.runs),
+			g.median(func(r Result) float64 { return r.EventsPerSec }),
+			g.median(func(r Result) float64 { return r.WallSec }),
+			g.median(func(r Result) float64 { return r.StartupSec }),
+			g.median(func(r Result) float64 { return r.PeakRSSMiB }),
+			g.median(func(r Result) float64 { return r.CPUSecPerMEvt }),
+			answered, withRef(fmtRatio(rt), ref), fmtRatio(rr), fmtRatio(rc))
+	}
+	b.WriteString("\nLatency (event_time = produce wall time; latency = output's broker append time − event_time; medians over rounds):\n\n")
+	b.WriteString("| processor | entities | rate ev/s | runs | latency samples | p50 ms | p99 ms | p999 ms | max ms | peak RSS MiB | CPU s / M events | ours/peer p99 | ours/peer RSS |\n")
+	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, g := range groups {
+		if g.mode != "latency" {
+			continue
+		}
+		ref, rp, rr := "", math.NaN(), math.NaN()
+		if !strings.HasPrefix(g.proc, "ours") {
+			ref = refFor(g.proc, procs)
+			rp = ratio(all, g.mode, ref, g.proc, g.entities, g.rate, func(r Result) float64 { return r.P99Ms })
+			rr = ratio(all, g.mode, ref, g.proc, g.entities, g.rate, func(r Result) float64 { return r.PeakRSSMiB })
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f | %s | %s |\n",
+			g.proc, g.entities, g.rate, len(g.runs), g.runs[0].LatencySamples,
+			g.median(func(r Result) float64 { return r.P50Ms }),
+			g.median(func(r Result) float64 { return r.P99Ms }),
+			g.median(func(r Result) float64 { return r.P999Ms }),
+			g.median(func(r Result) float64 { return r.MaxMs }),
+			g.median(func(r Result) float64 { return r.PeakRSSMiB }),
+			g.median(func(r Result) float64 { return r.CPUSecPerMEvt }),
+			withRef(fmtRatio(rp), ref), fmtRatio(rr))
+	}
+	if failed > 0 {
+		fmt.Fprintf(&b, "\n%d run(s) failed and are left out; see the results file.\n", failed)
+	}
+	return b.String()
+}
+
+func withRef(s, ref string) string {
+	if ref == "" || s == "—" {
+		return s
+	}
+	return s + " (vs " + ref + ")"
+}

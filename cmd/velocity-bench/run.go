@@ -1,0 +1,265 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+)
+
+// Result is one measured run, one JSON line in the results file.
+type Result struct {
+	Round     int    `json:"round"`
+	Mode      string `json:"mode"` // "throughput" | "latency"
+	Processor string `json:"processor"`
+	Entities  int    `json:"entities"`
+	Events    int    `json:"events"` // inputs the run had to answer
+	Rate      int    `json:"rate,omitempty"`
+
+	Features    int `json:"features"`
+	DeadLetters int `json:"dead_letters"`
+	Unique      int `json:"unique_inputs_answered"`
+	Dups        int `json:"duplicate_outputs"`
+	BadValues   int `json:"bad_values"`
+
+	// Throughput: outputs / (last − first output append time).
+	EventsPerSec float64 `json:"events_per_sec"`
+	// Wall: process start → last output append; startup: process start → first output.
+	WallSec    float64 `json:"wall_sec"`
+	StartupSec float64 `json:"startup_sec"`
+
+	LatencySamples int     `json:"latency_samples,omitempty"`
+	P50Ms          float64 `json:"p50_ms"`
+	P99Ms          float64 `json:"p99_ms"`
+	P999Ms         float64 `json:"p999_ms"`
+	MaxMs          float64 `json:"max_ms"`
+
+	// At the moment every output was in the topic (before shutdown).
+	PeakRSSMiB    float64 `json:"peak_rss_mib"`
+	CPUSec        float64 `json:"cpu_sec"`
+	CPUSecPerMEvt float64 `json:"cpu_sec_per_m_events"`
+	// Rusage after exit, including shutdown (the final checkpoint, Streams' close).
+	ExitCPUSec     float64 `json:"exit_cpu_sec"`
+	ExitMaxRSSMiB  float64 `json:"exit_maxrss_mib"`
+	ProduceSec     float64 `json:"produce_sec,omitempty"`
+	Err            string  `json:"error,omitempty"`
+	ProcessLogPath string  `json:"log,omitempty"`
+}
+
+// runner holds what every run of one invocation shares.
+type runner struct {
+	brokers    []string
+	adm        *kadm.Client
+	env        procEnv
+	workDir    string
+	runTimeout time.Duration
+	keep       bool
+	seq        int // makes topic, group and directory names unique within the invocation
+	tag        string
+}
+
+func (r *runner) names(kind string) (input, output, dlq, group, dir string, err error) {
+	r.seq++
+	base := fmt.Sprintf("vb-%s-%d-%s", r.tag, r.seq, kind)
+	dir = filepath.Join(r.workDir, base)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", "", "", "", "", err
+	}
+	return base + "-in", base + "-out", base + "-dlq", base + "-app", dir, nil
+}
+
+// outputConfigs: the broker stamps each output record with its append time, which is
+// what throughput and latency are measured from (no clock of the processor involved).
+var outputConfigs = map[string]string{"message.timestamp.type": "LogAppendTime"}
+
+const partitions = 4
+
+// runThroughput runs p over an input topic that already holds want records and
+// measures it until every input has an output.
+func (r *runner) runThroughput(ctx context.Context, p ProcSpec, input string, want, entities int) Result {
+	res := Result{Mode: "throughput", Processor: p.Name, Entities: entities, Events: want}
+	_, output, dlq, group, dir, err := r.names(safeName(p.Name))
+	if err != nil {
+		res.Err = err.Error()
+		return res
+	}
+	if err := createTopics(ctx, r.adm, partitions, outputConfigs, output, dlq); err != nil {
+		res.Err = err.Error()
+		return res
+	}
+	defer r.cleanup(group, dir, output, dlq)
+	r.measure(ctx, &res, p, input, output, dlq, group, dir, want, math.MinInt64, nil)
+	return res
+}
+
+// runLatency starts p on fresh topics, warms it up with warm events, then produces at a
+// steady rate for d and measures event→output latency of the events produced after
+// skip (the first seconds include the JIT of the JVM peer and the first fetch sessions).
+func (r *runner) runLatency(ctx context.Context, p ProcSpec, w Workload, rate int, d, skip time.Duration, warm int) Result {
+	res := Result{Mode: "latency", Processor: p.Name, Entities: w.Entities, Rate: rate}
+	input, output, dlq, group, dir, err := r.names(safeName(p.Name) + "-lat")
+	if err != nil {
+		res.Err = err.Error()
+		return res
+	}
+	if err := createTopics(ctx, r.adm, partitions, nil, input); err != nil {
+		res.Err = err.Error()
+		return res
+	}
+	if err := createTopics(ctx, r.adm, partitions, outputConfigs, output, dlq); err != nil {
+		res.Err = err.Error()
+		return res
+	}
+	defer r.cleanup(group, dir, input, output, dlq)
+	w.Events = warm + int(float64(rate)*d.Seconds()) + rate // headroom for timer slack
+	g, err := NewGenerator(w)
+	if err != nil {
+		res.Err = err.Error()
+		return res
+	}
+	feed := func(ctx context.Context, c *child) (int, int64, error) {
+		cl, err := newProducer(r.brokers, input)
+		if err != nil {
+			return 0, 0, err
+		}
+		defer cl.Close()
+		// Warm-up at a gentle rate until every warm-up event has its output, so the
+		// measured phase starts with partitions assigned and the pipeline running.
+		if _, err := producePaced(ctx, cl, g, warm, time.Second); err != nil {
+			return 0, 0, fmt.Errorf("warm-up: %w", err)
+		}
+		sentWarm := g.Index() + 1
+		if err := r.waitOutputs(ctx, c, output, dlq, sentWarm, r.runTimeout); err != nil {
+			return 0, 0, fmt.Errorf("warm-up: %w", err)
+		}
+		minEventTime := time.Now().Add(skip).UnixMilli()
+		n, err := producePaced(ctx, cl, g, rate, d)
+		return sentWarm + n, minEventTime, err
+	}
+	r.measure(ctx, &res, p, input, output, dlq, group, dir, 0, math.MinInt64, feed)
+	return res
+}
+
+// measure starts the processor, feeds it (when feed is set; it returns the number of
+// inputs), waits for want outputs, samples the child, stops it and reads the outputs.
+func (r *runner) measure(ctx context.Context, res *Result, p ProcSpec, input, output, dlq, group, dir string, want int, minEventTime int64, feed func(context.Context, *child) (int, int64, error)) {
+	cmd, err := r.env.command(p, input, output, dlq, group, dir)
+	if err != nil {
+		res.Err = err.Error()
+		return
+	}
+	res.ProcessLogPath = filepath.Join(dir, "processor.log")
+	start := time.Now()
+	c, err := startChild(cmd)
+	if err != nil {
+		res.Err = fmt.Sprintf("start %s: %v", p.Name, err)
+		return
+	}
+	stopped := false
+	var exit procSample
+	stop := func() {
+		if !stopped {
+			stopped = true
+			exit = c.stop(60 * time.Second)
+		}
+	}
+	defer stop()
+	if feed != nil {
+		n, minT, err := feed(ctx, c)
+		if err != nil {
+			res.Err = err.Error()
+			return
+		}
+		want, minEventTime = n, minT
+		res.Events = n
+	}
+	if err := r.waitOutputs(ctx, c, output, dlq, want, r.runTimeout); err != nil {
+		res.Err = err.Error()
+		return
+	}
+	if s, err := sampleProc(c.cmd.Process.Pid); err == nil {
+		res.CPUSec = s.CPU.Seconds()
+		res.PeakRSSMiB = float64(s.PeakRSSB) / (1 << 20)
+		res.CPUSecPerMEvt = res.CPUSec / float64(want) * 1e6
+	}
+	stop()
+	res.ExitCPUSec = exit.CPU.Seconds()
+	res.ExitMaxRSSMiB = float64(exit.PeakRSSB) / (1 << 20)
+	if minEventTime == math.MinInt64 {
+		minEventTime = math.MaxInt64 // produced-ahead runs: event times are synthetic, no latency
+	}
+	sr, err := scanOutputs(ctx, r.brokers, output, dlq, want, minEventTime, 3*time.Minute)
+	res.Features, res.DeadLetters = sr.Features, sr.DeadLetters
+	res.Unique, res.Dups, res.BadValues = sr.Unique, sr.Dups, sr.BadValues
+	if err != nil {
+		res.Err = err.Error()
+		return
+	}
+	if span := sr.LastAppend.Sub(sr.FirstAppend).Seconds(); span > 0 {
+		res.EventsPerSec = float64(sr.Features+sr.DeadLetters) / span
+	}
+	res.WallSec = sr.LastAppend.Sub(start).Seconds()
+	res.StartupSec = sr.FirstAppend.Sub(start).Seconds()
+	res.LatencySamples = len(sr.Latencies)
+	if len(sr.Latencies) > 0 {
+		res.P50Ms = Percentile(sr.Latencies, 0.5)
+		res.P99Ms = Percentile(sr.Latencies, 0.99)
+		res.P999Ms = Percentile(sr.Latencies, 0.999)
+		res.MaxMs = float64(sr.Latencies[len(sr.Latencies)-1])
+	} else {
+		res.P50Ms, res.P99Ms, res.P999Ms, res.MaxMs = math.NaN(), math.NaN(), math.NaN(), math.NaN()
+	}
+}
+
+// waitOutputs polls the end offsets of output and dlq every 20 ms until they hold want
+// records, the child exits, or timeout passes. Under exactly-once, transaction markers
+// take offsets too, so the count can run ahead of the records by the number of commits;
+// scanOutputs then reads until every record is there.
+func (r *runner) waitOutputs(ctx context.Context, c *child, output, dlq string, want int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		n, err := endOffsetSum(ctx, r.adm, output, dlq)
+		if err == nil && n >= int64(want) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-c.exited:
+			return fmt.Errorf("processor exited before answering every input (%v); see its log", c.err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	n, _ := endOffsetSum(ctx, r.adm, output, dlq)
+	return fmt.Errorf("only %d of %d outputs after %s", n, want, timeout)
+}
+
+func (r *runner) cleanup(group, dir string, topics ...string) {
+	if r.keep {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	topics = append(topics, internalTopicsOf(ctx, r.adm, group+"-")...)
+	if err := deleteTopics(ctx, r.adm, topics...); err != nil {
+		fmt.Fprintf(os.Stderr, "velocity-bench: delete topics %v: %v\n", topics, err)
+	}
+	_, _ = r.adm.DeleteGroups(ctx, group)
+	// The processor's log stays for reading; its state (snapshots, RocksDB) goes.
+	_ = os.RemoveAll(filepath.Join(dir, "state"))
+	_ = os.RemoveAll(filepath.Join(dir, "kstreams-state"))
+}
+
+func safeName(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			b[i] = '-'
+		}
+	}
+	return string(b)
+}

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"os"
+	"testing"
+
+	"github.com/velocity-consumer/velocity-consumer/pkg/window"
+)
+
+// BenchmarkSeedSequence is our side of the comparison with the seed Python library
+// (bench/python/seed_window.py): the same event sequence file, every event counted into
+// its entity's window(s) and the aggregates read back, starting from an empty table
+// each pass, as the Python script does. One op is one whole pass; ns/event is the
+// per-event cost the two are compared on.
+//
+// It needs a sequence file and is skipped without one:
+//
+//	velocity-bench seq --out /tmp/seq.bin
+//	VELOCITY_BENCH_SEQ=/tmp/seq.bin go test -run '^$' -bench SeedSequence -count 5 ./cmd/velocity-bench/
+func BenchmarkSeedSequence(b *testing.B) {
+	path := os.Getenv("VELOCITY_BENCH_SEQ")
+	if path == "" {
+		b.Skip("set VELOCITY_BENCH_SEQ to a file from `velocity-bench seq`")
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	evs, err := ReadSeq(f)
+	f.Close()
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Entity ids as the pipeline hands them to the table: strings built once, outside
+	// the timed loop (the Python side builds its strings at load time too).
+	maxE := uint32(0)
+	for _, e := range evs {
+		maxE = max(maxE, e.Entity)
+	}
+	ids := make([]string, maxE+1)
+	for i := range ids {
+		ids[i] = EntityID(uint32(i))
+	}
+	for _, c := range []struct{ name, specs string }{
+		{"windows=1(5m:5s)", "5m:5s"},
+		{"windows=4", "1m:1s,5m:5s,1h:1m,24h:1h"},
+	} {
+		specs, err := window.ParseSpecs(c.specs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(c.name, func(b *testing.B) {
+			out := make([]window.Agg, len(specs))
+			var sink int64
+			expired := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				tbl, err := window.NewTable(specs, window.Options{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				for _, e := range evs {
+					// An event older than its entity's retained buckets is refused
+					// (ErrExpired) and counted here; the 2 s disorder never gets there.
+					if _, _, err := tbl.Apply(ids[e.Entity], e.T, e.Amount, out); err != nil {
+						expired++
+						continue
+					}
+					sink += out[0].Count + out[0].Sum
+				}
+			}
+			if sink == 0 || expired > 0 {
+				b.Fatalf("sink=%d expired=%d: the sequence was not applied as expected", sink, expired)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(evs)), "ns/event")
+		})
+	}
+}
