@@ -14,14 +14,14 @@ func TestIndexMatchesMap(t *testing.T) {
 	r := rand.New(rand.NewPCG(9, 9))
 	for step := range 200_000 {
 		id := fmt.Sprintf("id-%d", r.IntN(5000))
-		slot, ok := tbl.lookup(id)
+		slot, _, ok := tbl.lookup(id)
 		want, wantOK := model[id]
 		if ok != wantOK || (ok && slot != want) {
 			t.Fatalf("step %d: lookup(%q) = %d %v, model %d %v", step, id, slot, ok, want, wantOK)
 		}
 		switch {
 		case !ok:
-			model[id] = tbl.create(id) // Sprintf's string is the table's to keep
+			model[id], _ = tbl.create(id) // Sprintf's string is the table's to keep
 		case r.IntN(2) == 0:
 			tbl.remove(slot)
 			delete(model, id)
@@ -31,7 +31,7 @@ func TestIndexMatchesMap(t *testing.T) {
 		}
 	}
 	for id, want := range model {
-		if got, ok := tbl.lookup(id); !ok || got != want {
+		if got, _, ok := tbl.lookup(id); !ok || got != want {
 			t.Fatalf("final lookup(%q) = %d %v, want %d", id, got, ok, want)
 		}
 	}

@@ -233,7 +233,7 @@ func (t *Table) decodeEntity(d *decoder) error {
 	if d.err != nil {
 		return d.err
 	}
-	if _, dup := t.lookup(id); dup {
+	if _, _, dup := t.lookup(id); dup {
 		return fmt.Errorf("entity %q appears twice", id)
 	}
 	if e.newest > maxTime || e.newest < -maxTime || e.prevT > maxTime || e.prevT < -maxTime {
@@ -254,7 +254,7 @@ func (t *Table) decodeEntity(d *decoder) error {
 	}
 	slot := uint32(len(t.slab))
 	t.slab = append(t.slab, e)
-	t.insert(id, slot)
+	t.setBlob(t.insert(id, slot), &t.slab[slot])
 	if t.maxEntities > 0 {
 		t.lruPushFront(slot) // written least recent first
 	}

@@ -174,15 +174,16 @@ func (t *Table) Apply(entity string, eventTime, amount int64, out []Agg) (prevGa
 	if eventTime > maxTime || eventTime < -maxTime {
 		return 0, false, fmt.Errorf("%w: event time %d out of range", ErrInput, eventTime)
 	}
-	slot, ok := t.lookup(entity)
+	slot, pos, ok := t.lookup(entity)
 	if !ok {
 		if entity == "" {
 			return 0, false, fmt.Errorf("%w: empty entity id", ErrInput)
 		}
-		slot = t.create(entity)
+		slot, pos = t.create(entity)
 		e := &t.slab[slot]
 		e.newest, e.prevT = eventTime, eventTime
 		e.appendRaw(rawEvent{eventTime, amount}) // also takes its own copy of the id
+		t.setBlob(pos, e)
 		for i := range nw {
 			out[i] = Agg{1, amount, amount, amount}
 		}
@@ -208,6 +209,7 @@ func (t *Table) Apply(entity string, eventTime, amount int64, out []Agg) (prevGa
 	} else {
 		err = t.applyRaw(e, eventTime, amount, out)
 	}
+	t.setBlob(pos, e) // the raw allocation may have moved or gone (also on error)
 	if err != nil {
 		return 0, false, err
 	}
@@ -245,12 +247,11 @@ func (t *Table) applyRaw(e *entity, ts, a int64, out []Agg) error {
 		out[i] = Agg{1, a, a, a}
 		t.fsum[i] = a
 	}
-	// One backwards pass computes every window: events are sorted by time, and each
-	// window is a contiguous range of them.
-	for j := len(e.raw) - 1; j >= 0; j-- {
-		ev := e.raw[j]
+	// One forward pass (the order memory prefetches best) computes every window:
+	// events are sorted by time, and each window is a contiguous range of them.
+	for _, ev := range e.raw {
 		if ev.t < minLo {
-			break
+			continue
 		}
 		for i := range nw {
 			if ev.t < t.lo[i] {
@@ -306,21 +307,31 @@ func (e *entity) appendRaw(ev rawEvent) {
 	e.raw = append(e.raw, ev)
 }
 
-// reallocRaw gives e.raw capacity c and moves the entity's id bytes into the same
-// allocation, after the events. Looking an entity up compares its id, so on a large
-// table this turns two cache misses (id, then events) into one. The 3-index slice
-// keeps appends from ever reaching the id bytes, which are immutable from here on;
-// the string points into the allocation and keeps it alive.
+// reallocRaw gives e.raw capacity c in a new allocation laid out as
+//
+//	[id length int64][id bytes, padded to 16][events …]
+//
+// so that the index can compare the id without touching the slab record and the
+// event scan after it hits the same cache lines (see index). The id string points
+// into the allocation (keeping it alive) and those bytes are never written again:
+// the events slice starts after them.
 func (e *entity) reallocRaw(c int) {
-	idSlots := (len(e.id) + 15) / 16
-	buf := make([]rawEvent, c+idSlots)
-	n := copy(buf, e.raw)
-	if idSlots > 0 {
-		tail := unsafe.Slice((*byte)(unsafe.Pointer(&buf[c])), idSlots*16)
-		copy(tail, e.id)
-		e.id = unsafe.String(&tail[0], len(e.id))
+	idSlots := (8 + len(e.id) + 15) / 16
+	buf := make([]rawEvent, idSlots+c)
+	buf[0].t = int64(len(e.id))
+	head := unsafe.Slice((*byte)(unsafe.Pointer(&buf[0].a)), idSlots*16-8)
+	copy(head, e.id)
+	e.id = unsafe.String(&head[0], len(e.id))
+	n := copy(buf[idSlots:], e.raw)
+	e.raw = buf[idSlots : idSlots+n : idSlots+c]
+}
+
+// blob is the start of e's raw allocation, or nil when it has none.
+func (e *entity) blob() unsafe.Pointer {
+	if e.raw == nil {
+		return nil
 	}
-	e.raw = buf[:n:c]
+	return unsafe.Add(unsafe.Pointer(unsafe.StringData(e.id)), -8)
 }
 
 // dropRaw releases the raw events; the id moves to an allocation of its own.
@@ -565,12 +576,11 @@ func (t *Table) applyRingsOlder(rs []ring, ts, a int64, out []Agg) {
 
 // ---- table maintenance ----
 
-func (t *Table) create(name string) uint32 {
+func (t *Table) create(name string) (slot, pos uint32) {
 	if t.maxEntities > 0 && t.idx.n >= t.maxEntities {
 		t.remove(t.lruTail - 1)
 		t.capEvictions++
 	}
-	var slot uint32
 	if n := len(t.free); n > 0 {
 		slot = t.free[n-1]
 		t.free = t.free[:n-1]
@@ -582,11 +592,11 @@ func (t *Table) create(name string) uint32 {
 	// entity its own copy before returning (appendRaw does, as part of storing the
 	// first event); cloning here would allocate twice per new entity.
 	t.slab[slot] = entity{id: name}
-	t.insert(name, slot)
+	pos = t.insert(name, slot)
 	if t.maxEntities > 0 {
 		t.lruPushFront(slot)
 	}
-	return slot
+	return slot, pos
 }
 
 func (t *Table) remove(slot uint32) {
@@ -654,6 +664,7 @@ func (t *Table) EvictIdle(watermark int64) int {
 		}
 		e.dropRaw()
 		e.rings = nil
+		t.setBlob(t.find(e.id, uint32(s)), e)
 	}
 	return evicted
 }
@@ -727,7 +738,7 @@ func (t *Table) usedSlots() []uint32 {
 
 // slotOf is the slot of id, or -1 (for tests).
 func (t *Table) slotOf(id string) int {
-	if s, ok := t.lookup(id); ok {
+	if s, _, ok := t.lookup(id); ok {
 		return int(s)
 	}
 	return -1
