@@ -18,19 +18,27 @@ var benchIDs = func() []string {
 
 const benchMask = 1<<18 - 1
 
-// BenchmarkInOrder is the L = 0 fast path: every event is the new maximum, so it is
-// releasable at once and never touches the heap. One op = Offer + Ready of one event.
+// BenchmarkInOrder is already sorted input: every event is the newest, so it joins the
+// sorted run and never touches the heap. With L = 0 it is released by the same Offer;
+// with L = 2 s about 2 000 events wait in the run. One op = Offer + Ready of one event.
 // Event time advances 1 ms per event, so the dedupe horizon sets how many ids are live:
 // 1 000 fit in cache, 100 000 (a 2.4 MB table) do not, and each event then pays two
 // cache misses (insert the new id, delete the expired one).
 func BenchmarkInOrder(b *testing.B) {
-	for _, live := range []int64{0, 1000, 100_000} {
-		name := fmt.Sprintf("dedupe=on/live=%d", live)
-		if live == 0 {
-			name = "dedupe=off"
-		}
-		b.Run(name, func(b *testing.B) {
-			s := mustNew(b, Config{AllowedLateness: 0, DedupeHorizon: max(live, 1), DisableDedupe: live == 0})
+	cases := []struct {
+		name     string
+		lateness int64
+		live     int64 // 0 = dedupe off
+	}{
+		{"L=0/dedupe=off", 0, 0},
+		{"L=0/dedupe=on/live=1000", 0, 1000},
+		{"L=0/dedupe=on/live=100000", 0, 100_000},
+		{"L=2s/dedupe=off", 2000, 0},
+		{"L=2s/dedupe=on/live=2000", 2000, 2000},
+	}
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) {
+			s := mustNew(b, Config{AllowedLateness: c.lateness, DedupeHorizon: max(c.live, c.lateness, 1), DisableDedupe: c.live == 0})
 			dst := make([]Event, 0, 16)
 			i := 0
 			offer := func() {
@@ -39,13 +47,16 @@ func BenchmarkInOrder(b *testing.B) {
 					b.Fatalf("event %d: %v", i, v)
 				}
 				dst = s.Ready(dst[:0])
-				if len(dst) != 1 {
+				if int64(i) >= c.lateness && len(dst) != 1 {
 					b.Fatalf("event %d: released %d", i, len(dst))
 				}
 				i++
 			}
 			for range 200_000 { // reach the steady-state dedupe set
 				offer()
+			}
+			if len(s.heap) != 0 || int64(s.run.n) != c.lateness {
+				b.Fatalf("heap %d, run %d; want 0, %d", len(s.heap), s.run.n, c.lateness)
 			}
 			b.ReportAllocs()
 			b.ResetTimer()

@@ -7,9 +7,10 @@
 //   - the reorder buffer: accepted events wait there until the watermark passes them
 //     (EventTime ≤ wm) and are then released in (EventTime, Offset) order. The buffer is
 //     a binary min-heap (in the manner of container/heap, but typed, so that nothing is
-//     boxed) keyed by (EventTime, Offset, arrival number); the arrival number only breaks
-//     ties between equal (EventTime, Offset) pairs, which Kafka never produces, so that
-//     even a caller that repeats an offset gets a deterministic order.
+//     boxed) keyed by (EventTime, Offset, arrival number), fronted by a sorted run for
+//     in-order arrivals (see "Fast path"). The arrival number only breaks ties between
+//     equal (EventTime, Offset) pairs, which Kafka never produces, so that even a
+//     caller that repeats an offset gets a deterministic order.
 //   - the dedupe set: the ids of events accepted within the dedupe horizon.
 //
 // Offer checks an event in the contract's order: duplicate first, then late. An event
@@ -18,10 +19,11 @@
 //
 // # Fast path
 //
-// When the buffer is empty and an accepted event is already releasable (the usual case
-// with AllowedLateness 0 and in-order input) the event skips the heap and waits in a
-// small FIFO that Ready drains; Ready merges that FIFO with the heap, so the release order
-// is the same as if every event had gone through the heap.
+// The buffer is a sorted run (a FIFO ring) in front of the heap. An accepted event at or
+// after the run's newest event in (EventTime, Offset) order, which is every event of
+// in-order input whatever the lateness, is appended to the run in O(1) and never touches
+// the heap; only out-of-order arrivals pay the heap's O(log n). Release merges the run
+// and the heap, so the order is the same as if every event had gone through the heap.
 //
 // # Duplicates
 //

@@ -19,13 +19,65 @@ func (a *item) less(b *item) bool {
 	return a.seq < b.seq
 }
 
-// before reports whether the heap entry comes strictly before a staged event in
-// (EventTime, Offset) order; on a tie the staged event, which arrived first, wins.
-func (a *item) before(ev *Event) bool {
-	return a.t < ev.EventTime || a.t == ev.EventTime && a.off < ev.Offset
+// queued is an event in the sorted run, with its arrival number for tie-breaks.
+type queued struct {
+	ev  Event
+	seq uint64
 }
 
-func (s *Stage) push(ev *Event) {
+// before reports whether the heap entry comes before a run entry in (EventTime, Offset,
+// arrival) order.
+func (a *item) before(q *queued) bool {
+	if a.t != q.ev.EventTime {
+		return a.t < q.ev.EventTime
+	}
+	if a.off != q.ev.Offset {
+		return a.off < q.ev.Offset
+	}
+	return a.seq < q.seq
+}
+
+// eventRing is the sorted run: a growable FIFO ring of events that arrived in order.
+// It reuses its backing array, so steady state allocates nothing.
+type eventRing struct {
+	buf  []queued // len is 0 or a power of two
+	head int
+	n    int
+}
+
+func (r *eventRing) push(q queued) {
+	if r.n == len(r.buf) {
+		size := 2 * len(r.buf)
+		if size == 0 {
+			size = 16
+		}
+		buf := make([]queued, size)
+		for i := 0; i < r.n; i++ {
+			buf[i] = r.buf[(r.head+i)&(len(r.buf)-1)]
+		}
+		r.buf, r.head = buf, 0
+	}
+	r.buf[(r.head+r.n)&(len(r.buf)-1)] = q
+	r.n++
+}
+
+func (r *eventRing) front() *queued { return &r.buf[r.head] }
+
+func (r *eventRing) back() *queued { return &r.buf[(r.head+r.n-1)&(len(r.buf)-1)] }
+
+func (r *eventRing) at(i int) *queued { return &r.buf[(r.head+i)&(len(r.buf)-1)] }
+
+// pop removes the front event, zeroing its slot so its strings can be collected.
+func (r *eventRing) pop() Event {
+	q := &r.buf[r.head]
+	ev := q.ev
+	*q = queued{}
+	r.head = (r.head + 1) & (len(r.buf) - 1)
+	r.n--
+	return ev
+}
+
+func (s *Stage) push(ev *Event, seq uint64) {
 	var slot int32
 	if n := len(s.free); n > 0 {
 		slot = s.free[n-1]
@@ -35,8 +87,7 @@ func (s *Stage) push(ev *Event) {
 		slot = int32(len(s.slab))
 		s.slab = append(s.slab, *ev)
 	}
-	s.heap = append(s.heap, item{t: ev.EventTime, off: ev.Offset, seq: s.seq, slot: slot})
-	s.seq++
+	s.heap = append(s.heap, item{t: ev.EventTime, off: ev.Offset, seq: seq, slot: slot})
 	s.up(len(s.heap) - 1)
 }
 

@@ -58,11 +58,11 @@ func (s *Stage) AppendSnapshot(dst []byte) []byte {
 		}
 		return 0 // only an item compared with itself: seq makes keys unique
 	})
-	st, hp := s.stagedHead, 0
-	for st < len(s.staged) || hp < len(s.scratch) {
-		if st < len(s.staged) && (hp == len(s.scratch) || !s.scratch[hp].before(&s.staged[st])) {
-			dst = appendEvent(dst, &s.staged[st])
-			st++
+	ri, hp := 0, 0
+	for ri < s.run.n || hp < len(s.scratch) {
+		if ri < s.run.n && (hp == len(s.scratch) || !s.scratch[hp].before(s.run.at(ri))) {
+			dst = appendEvent(dst, &s.run.at(ri).ev)
+			ri++
 		} else {
 			dst = appendEvent(dst, &s.slab[s.scratch[hp].slot])
 			hp++
@@ -203,8 +203,7 @@ func (s *Stage) decode(b []byte) error {
 	if r.err != nil {
 		return r.err
 	}
-	s.slab = make([]Event, 0, np)
-	s.heap = make([]item, 0, np)
+	prev := &Event{}
 	for i := 0; i < int(np) && r.err == nil; i++ {
 		var ev Event
 		ev.Offset = int64(r.u64("offset"))
@@ -221,16 +220,14 @@ func (s *Stage) decode(b []byte) error {
 			r.fail("pending event at %d is after max seen %d", ev.EventTime, s.maxSeen)
 			break
 		}
-		if i > 0 {
-			p := &s.slab[i-1]
-			if ev.EventTime < p.EventTime || ev.EventTime == p.EventTime && ev.Offset < p.Offset {
-				r.fail("pending events out of order at %d", i)
-				break
-			}
+		if i > 0 && (ev.EventTime < prev.EventTime || ev.EventTime == prev.EventTime && ev.Offset < prev.Offset) {
+			r.fail("pending events out of order at %d", i)
+			break
 		}
-		s.slab = append(s.slab, ev)
-		// Sorted keys with increasing seq already satisfy the heap invariant.
-		s.heap = append(s.heap, item{t: ev.EventTime, off: ev.Offset, seq: uint64(i), slot: int32(i)})
+		// The events come sorted, so they all form one run; arrival numbers follow
+		// the snapshot order, which is the original arrival order among equal keys.
+		s.run.push(queued{ev: ev, seq: uint64(i)})
+		prev = &s.run.back().ev
 		s.pendingBytes += eventBytes(&ev)
 	}
 	s.seq = uint64(np)

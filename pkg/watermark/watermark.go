@@ -89,16 +89,14 @@ type Stage struct {
 	maxSeen int64
 	hasMax  bool
 
-	// Reorder buffer. Invariant: the staged FIFO is sorted, every staged event is at or
-	// below the watermark, and whenever both are non-empty every heap entry arrived after
-	// every staged event (events are staged only while the heap is empty, and Ready
-	// always drains the FIFO). That lets release merge the two with staged-first ties.
-	staged     []Event
-	stagedHead int
-	heap       []item  // min-heap by (t, off, seq); events live in slab
-	slab       []Event // slab[item.slot]; freed slots are zeroed so strings can be collected
-	free       []int32
-	seq        uint64 // arrival number for the next heap entry
+	// Reorder buffer: a sorted run (FIFO) plus a heap. An arrival at or after the run's
+	// tail in (t, off) order joins the run in O(1); only out-of-order arrivals pay the
+	// heap's O(log n). Both are ordered by (t, off, seq), so release is a two-way merge.
+	run  eventRing
+	heap []item  // min-heap by (t, off, seq); events live in slab
+	slab []Event // slab[item.slot]; freed slots are zeroed so strings can be collected
+	free []int32
+	seq  uint64 // arrival number of the next accepted event
 
 	pendingBytes int64
 	pressure     bool
@@ -195,7 +193,7 @@ func (s *Stage) Watermark() (wm int64, ok bool) {
 func (s *Stage) MaxSeen() (int64, bool) { return s.maxSeen, s.hasMax }
 
 // Pending returns how many accepted events wait to be released.
-func (s *Stage) Pending() int { return len(s.staged) - s.stagedHead + len(s.heap) }
+func (s *Stage) Pending() int { return s.run.n + len(s.heap) }
 
 // PendingBytes returns the sum of Size over the pending events.
 func (s *Stage) PendingBytes() int64 { return s.pendingBytes }
@@ -261,24 +259,24 @@ func (s *Stage) Offer(ev Event) Verdict {
 }
 
 func (s *Stage) enqueue(ev *Event) {
-	wm := satSub(s.maxSeen, s.lateness)
-	if len(s.heap) == 0 && ev.EventTime <= wm && s.stageable(ev) {
-		s.staged = append(s.staged, *ev)
+	if s.inOrder(ev) {
+		s.run.push(queued{ev: *ev, seq: s.seq})
 	} else {
-		s.push(ev)
+		s.push(ev, s.seq)
 	}
+	s.seq++
 	s.pendingBytes += eventBytes(ev)
 	if s.pendingBytes > s.highBytes || s.Pending() > s.highEvents || s.pressure {
 		s.updatePressure()
 	}
 }
 
-// stageable reports whether ev can go at the tail of the sorted staged FIFO.
-func (s *Stage) stageable(ev *Event) bool {
-	if s.stagedHead == len(s.staged) {
+// inOrder reports whether ev can go at the tail of the sorted run.
+func (s *Stage) inOrder(ev *Event) bool {
+	if s.run.n == 0 {
 		return true
 	}
-	last := &s.staged[len(s.staged)-1]
+	last := &s.run.back().ev
 	// An equal (t, off) arrived later, so it belongs after: >= keeps arrival order.
 	return ev.EventTime > last.EventTime || ev.EventTime == last.EventTime && ev.Offset >= last.Offset
 }
@@ -350,25 +348,19 @@ func (s *Stage) FlushAll(dst []Event) []Event {
 	return s.release(dst, 0, true)
 }
 
-// release merges the staged FIFO with the heap entries at or below limit (all of them if
-// all is set). A staged event wins a (t, off) tie because it arrived first.
+// release merges the run with the heap, taking entries at or below limit (all of them
+// if all is set) in (EventTime, Offset, arrival) order.
 func (s *Stage) release(dst []Event, limit int64, all bool) []Event {
 	for {
-		hasStaged := s.stagedHead < len(s.staged)
+		hasRun := s.run.n > 0 && (all || s.run.front().ev.EventTime <= limit)
 		hasHeap := len(s.heap) > 0 && (all || s.heap[0].t <= limit)
 		var ev Event
 		switch {
-		case hasStaged && (!hasHeap || !s.heap[0].before(&s.staged[s.stagedHead])):
-			ev = s.staged[s.stagedHead]
-			s.staged[s.stagedHead] = Event{}
-			s.stagedHead++
+		case hasRun && (!hasHeap || !s.heap[0].before(s.run.front())):
+			ev = s.run.pop()
 		case hasHeap:
 			ev = s.pop()
 		default:
-			if s.stagedHead == len(s.staged) {
-				s.staged = s.staged[:0]
-				s.stagedHead = 0
-			}
 			s.updatePressure()
 			return dst
 		}

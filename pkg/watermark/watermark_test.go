@@ -199,18 +199,25 @@ func TestReleaseOrderTiesBreakByOffset(t *testing.T) {
 	}
 }
 
-// The fast path (staged FIFO) and the heap must interleave as one sorted stream.
-func TestFastPathMergesWithHeap(t *testing.T) {
-	s := mustNew(t, Config{AllowedLateness: 0})
-	s.Offer(Event{Offset: 0, EventTime: 10, EventID: "a"}) // staged
-	s.Offer(Event{Offset: 1, EventTime: 10, EventID: "b"}) // staged (same time, later offset)
+// The in-order run and the heap must interleave as one sorted stream.
+func TestRunMergesWithHeap(t *testing.T) {
+	s := mustNew(t, Config{AllowedLateness: 5})
+	s.Offer(Event{Offset: 0, EventTime: 10, EventID: "a"}) // run
+	s.Offer(Event{Offset: 1, EventTime: 10, EventID: "b"}) // run (same time, later offset)
 	s.Offer(Event{Offset: 0, EventTime: 10, EventID: "c"}) // same key as a, arrived later: heap
-	s.Offer(Event{Offset: 2, EventTime: 12, EventID: "d"}) // heap non-empty: heap
-	if got, want := ids(s.Ready(nil)), []string{"a", "c", "b", "d"}; !slices.Equal(got, want) {
-		t.Fatalf("Ready = %v, want %v", got, want)
+	s.Offer(Event{Offset: 2, EventTime: 12, EventID: "d"}) // run again
+	s.Offer(Event{Offset: 1, EventTime: 10, EventID: "e"}) // same key as b, arrived later: heap
+	if s.run.n != 3 || len(s.heap) != 2 {
+		t.Fatalf("run %d / heap %d, want 3 / 2", s.run.n, len(s.heap))
+	}
+	if got := s.Ready(nil); len(got) != 0 {
+		t.Fatalf("Ready below the watermark released %v", ids(got))
+	}
+	if got, want := ids(s.FlushAll(nil)), []string{"a", "c", "b", "e", "d"}; !slices.Equal(got, want) {
+		t.Fatalf("FlushAll = %v, want %v", got, want)
 	}
 	if s.Pending() != 0 {
-		t.Fatalf("pending %d after Ready", s.Pending())
+		t.Fatalf("pending %d after FlushAll", s.Pending())
 	}
 }
 
@@ -311,14 +318,13 @@ func TestPressureHysteresis(t *testing.T) {
 // releaseN releases the n oldest pending events, for tests that need partial drains.
 func (s *Stage) releaseN(n int) {
 	for range n {
-		if len(s.heap) > 0 {
-			ev := s.pop()
-			s.pendingBytes -= eventBytes(&ev)
+		var ev Event
+		if s.run.n > 0 && (len(s.heap) == 0 || !s.heap[0].before(s.run.front())) {
+			ev = s.run.pop()
 		} else {
-			ev := s.staged[s.stagedHead]
-			s.stagedHead++
-			s.pendingBytes -= eventBytes(&ev)
+			ev = s.pop()
 		}
+		s.pendingBytes -= eventBytes(&ev)
 	}
 	s.updatePressure()
 }
