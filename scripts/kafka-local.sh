@@ -24,6 +24,7 @@
 #   KAFKA_START_TIMEOUT     seconds to wait for the broker to accept connections [120]
 #   KAFKA_STOP_TIMEOUT      seconds to wait after SIGTERM before SIGKILL [30]
 #   KAFKA_HEAP_OPTS         JVM heap and GC flags [-Xms64m -Xmx512m -XX:+UseSerialGC]
+#   KAFKA_LOCAL_OWNER_PID   if set, the broker is killed when this process ends
 #   JAVA, MVN               the java and mvn commands [java, mvn]
 set -euo pipefail
 
@@ -193,6 +194,13 @@ start() {
 		"$run/server.properties" >"$logdir/stdout.log" 2>&1 </dev/null 9>&- &
 	pid=$!
 	echo "$pid" >"$pidfile"
+	if [[ -n "${KAFKA_LOCAL_OWNER_PID:-}" ]]; then
+		# A watchdog: the broker dies with its owner (e.g. a test binary ended by a
+		# timeout before its cleanup ran). SIGKILL also ends a broker a test froze.
+		setsid bash -c 'while kill -0 "$1" 2>/dev/null && kill -0 "$2" 2>/dev/null; do sleep 1; done
+			kill -KILL "$2" 2>/dev/null' watchdog "$KAFKA_LOCAL_OWNER_PID" "$pid" \
+			</dev/null >/dev/null 2>&1 9>&- &
+	fi
 
 	# The broker binds its client port only once it can serve requests, so an open port
 	# is the ready signal; a dead PID ends the wait at once.

@@ -388,7 +388,7 @@ func CreateTopic(t testing.TB, addr string, partitions int32, configs map[string
 			cfg[k] = kadm.StringPtr(v)
 		}
 	}
-	ctx := Context(t, 60*time.Second)
+	ctx := Context(t, 30*time.Second)
 	if _, err := adm.CreateTopic(ctx, partitions, -1, cfg, name); err != nil {
 		t.Fatalf("kafkatest: create topic %s (%d partitions) on %s: %v", name, partitions, addr, err)
 	}
@@ -399,16 +399,26 @@ func CreateTopic(t testing.TB, addr string, partitions int32, configs map[string
 			t.Logf("kafkatest: delete topic %s: %v", name, err)
 		}
 	})
+	var last error
 	for {
 		md, err := adm.Metadata(ctx, name)
 		if err == nil {
-			if td, ok := md.Topics[name]; ok && td.Err == nil && len(td.Partitions) == int(partitions) && allLed(td) {
+			td, ok := md.Topics[name]
+			switch {
+			case !ok:
+				err = errors.New("topic not in metadata")
+			case td.Err != nil:
+				err = td.Err
+			case len(td.Partitions) != int(partitions) || !allLed(td):
+				err = errors.New("not every partition has a leader")
+			default:
 				return name
 			}
 		}
+		last = err
 		select {
 		case <-ctx.Done():
-			t.Fatalf("kafkatest: topic %s has no leader for every partition after creation: %v", name, ctx.Err())
+			t.Fatalf("kafkatest: topic %s on %s not ready after creation: %v (last: %v)", name, addr, ctx.Err(), last)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

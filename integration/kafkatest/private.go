@@ -48,6 +48,8 @@ func StartPrivateBroker(t testing.TB) *PrivateBroker {
 		"KAFKA_CONTROLLER_PORT="+strconv.Itoa(cport),
 		"KAFKA_LOCAL_STATE="+b.state,
 		"KAFKA_STOP_TIMEOUT=10",
+		// If the test binary dies before its cleanup (a -timeout panic), so does the broker.
+		"KAFKA_LOCAL_OWNER_PID="+strconv.Itoa(os.Getpid()),
 	)
 	run := func(ctx context.Context, arg string) ([]byte, error) {
 		cmd := exec.CommandContext(ctx, script, arg)
@@ -104,6 +106,35 @@ func (b *PrivateBroker) Freeze(t testing.TB) {
 	if err := syscall.Kill(b.pid, syscall.SIGSTOP); err != nil {
 		t.Fatalf("kafkatest: freeze broker %d: %v", b.pid, err)
 	}
+	// kill(2) only queues the signal: wait until every thread of the JVM has stopped, or a
+	// request sent right after Freeze could still be served.
+	deadline := time.Now().Add(10 * time.Second)
+	for !allThreadsStopped(b.pid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("kafkatest: broker %d not stopped 10s after SIGSTOP", b.pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// allThreadsStopped reports whether every thread of pid is in state T (stopped).
+func allThreadsStopped(pid int) bool {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, f := range tasks {
+		st, err := os.ReadFile(f)
+		if err != nil {
+			return false
+		}
+		// The state follows the parenthesised command name, which may itself hold spaces.
+		rest := string(st[strings.LastIndexByte(string(st), ')')+1:])
+		if f := strings.Fields(rest); len(f) == 0 || f[0] != "T" {
+			return false
+		}
+	}
+	return true
 }
 
 // Kill ends the broker process with SIGKILL, as a crash would.
