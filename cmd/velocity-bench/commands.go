@@ -57,6 +57,7 @@ func cmdCompare(ctx context.Context, args []string) error {
 	out := fs.String("out", "", "results file, one JSON line per run (default WORKDIR/results.jsonl)")
 	workDir := fs.String("workdir", "", "scratch directory for logs and state (default a new directory under $TMPDIR)")
 	timeout := fs.Duration("run-timeout", 10*time.Minute, "give up on a run that has not answered every input after this long")
+	stall := fs.Duration("stall-timeout", 90*time.Second, "fail a run whose outputs have not grown for this long (includes the JVM's startup)")
 	keep := fs.Bool("keep", false, "keep topics and state after each run")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -108,7 +109,7 @@ func cmdCompare(ctx context.Context, args []string) error {
 	}
 	defer cl.Close()
 	r := &runner{
-		brokers: bl, adm: adm, workDir: *workDir, runTimeout: *timeout, keep: *keep,
+		brokers: bl, adm: adm, workDir: *workDir, runTimeout: *timeout, stallTimeout: *stall, keep: *keep,
 		tag: strconv.FormatInt(time.Now().Unix()%1_000_000, 36),
 		env: procEnv{
 			Brokers: strings.Join(bl, ","), VC: *vc, Jar: *jar, Java: *java,

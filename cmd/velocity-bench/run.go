@@ -57,9 +57,11 @@ type runner struct {
 	env        procEnv
 	workDir    string
 	runTimeout time.Duration
-	keep       bool
-	seq        int // makes topic, group and directory names unique within the invocation
-	tag        string
+	// stallTimeout fails a run whose outputs have not grown for this long.
+	stallTimeout time.Duration
+	keep         bool
+	seq          int // makes topic, group and directory names unique within the invocation
+	tag          string
 }
 
 func (r *runner) names(kind string) (input, output, dlq, group, dir string, err error) {
@@ -221,10 +223,18 @@ func (r *runner) measure(ctx context.Context, res *Result, p ProcSpec, input, ou
 // scanOutputs then reads until every record is there.
 func (r *runner) waitOutputs(ctx context.Context, c *child, output, dlq string, want int, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
+	last, lastMove := int64(-1), time.Now()
 	for time.Now().Before(deadline) {
 		n, err := endOffsetSum(ctx, r.adm, output, dlq)
 		if err == nil && n >= int64(want) {
 			return nil
+		}
+		// A run whose outputs stop growing is broken (the shared broker was restarted
+		// under it, or the processor wedged): fail it instead of waiting out timeout.
+		if err == nil && n != last {
+			last, lastMove = n, time.Now()
+		} else if time.Since(lastMove) > r.stallTimeout {
+			return fmt.Errorf("outputs stuck at %d of %d for %s (err %v)", last, want, r.stallTimeout, err)
 		}
 		select {
 		case <-ctx.Done():
