@@ -6,6 +6,7 @@
 #   make test-integration   start a real broker (scripts/kafka-local.sh), run integration/, stop it
 #   make check              gofmt and go vet, integration tests included
 #   make kafka-start | kafka-stop | kafka-status   a broker on 127.0.0.1:9092 for development
+#   make bench-peers        issue 9: ours vs Kafka Streams and the seed Python library (BENCHMARKS.md)
 
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
@@ -18,7 +19,7 @@ INTEGRATION_TIMEOUT ?= 10m
 # Extra flags for go test, e.g. GOTESTFLAGS='-run TestKcat'.
 GOTESTFLAGS ?=
 
-.PHONY: demo test test-unit test-integration check kafka-start kafka-stop kafka-status
+.PHONY: demo test test-unit test-integration check kafka-start kafka-stop kafka-status bench-peers
 
 demo:
 	$(GO) run ./cmd/velocity-consumer demo
@@ -63,3 +64,20 @@ kafka-stop:
 
 kafka-status:
 	scripts/kafka-local.sh status
+
+# Issue 9 and issue 6 item 9 (BENCHMARKS.md, "End-to-end and peers"): needs the broker of
+# `make kafka-start` on 127.0.0.1:9092, Java 17 + Maven (the Kafka Streams peer) and python3.
+# Takes about half an hour per 3 rounds; results and processor logs go to BENCH_DIR.
+BENCH_ROUNDS ?= 3
+BENCH_DIR ?= bin/bench
+bench-peers:
+	mkdir -p $(BENCH_DIR)
+	$(GO) build -o bin/velocity-consumer ./cmd/velocity-consumer
+	$(GO) build -o bin/velocity-bench ./cmd/velocity-bench
+	cd bench/kstreams && mvn -q -B package
+	bin/velocity-bench compare --rounds $(BENCH_ROUNDS) --vc bin/velocity-consumer --workdir $(BENCH_DIR) \
+		--processors 'ours,ours:late=2s,ours:eos,kstreams,kstreams:eos' \
+		--latency-processors 'ours,kstreams,kstreams:eos' --latency-rate 20000
+	bin/velocity-bench seq --out $(BENCH_DIR)/seq-100k.bin --entities 100000 --events 1000000
+	python3 bench/python/seed_window.py $(BENCH_DIR)/seq-100k.bin --passes 5
+	VELOCITY_BENCH_SEQ=$(BENCH_DIR)/seq-100k.bin $(GO) test -run '^$$' -bench SeedSequence -count 5 ./cmd/velocity-bench/
