@@ -31,15 +31,33 @@ import (
 // the file's key-value metadata as velocity.windows ("1m:1s,5m:5s,…"), since
 // a column name says W but not the bucket width. Row groups hold up to
 // 256 Ki rows, so memory stays bounded at any replay size.
+//
+// Write only parses the record and fills a batch of rows; a goroutine of the
+// sink hands full batches to parquet-go (column buffering, encoding,
+// compression), so on a machine with a spare core the file is encoded while
+// the pipeline computes the next batch. Two batches circulate between them,
+// which bounds the memory and keeps the rows in order.
 type ParquetSink struct {
-	f       *atomicFile
-	w       *parquet.Writer
-	nwin    int
-	view    featureView
-	rows    []parquet.Row
-	n       int
-	arena   []byte
-	aborted bool
+	f    *atomicFile
+	w    *parquet.Writer
+	nwin int
+	view featureView
+
+	cur  *rowBatch      // being filled by Write; nil between batches
+	free chan *rowBatch // empty batches, back from the encoder
+	full chan *rowBatch // batches for the encoder, in order
+	done chan struct{}  // closed when the encoder has returned
+	err  error          // the encoder's first error; read after done, or via errc
+	errc chan error     // the encoder's first error, for Write to fail fast
+	shut bool           // full is closed
+	gone bool           // committed or aborted
+}
+
+// rowBatch is a batch of rows and the bytes their strings point into.
+type rowBatch struct {
+	rows  []parquet.Row
+	n     int
+	arena []byte
 }
 
 const (
@@ -95,12 +113,39 @@ func NewParquetSink(name string, specs []window.Spec) (*ParquetSink, error) {
 		parquet.KeyValueMetadata("velocity.windows", window.FormatSpecs(specs)),
 		parquet.CreatedBy("velocity-consumer replay", "", ""),
 	)
-	s := &ParquetSink{f: f, w: w, nwin: len(specs), rows: make([]parquet.Row, parquetBatch)}
-	ncol := 3 + 4*len(specs) + 5
-	for i := range s.rows {
-		s.rows[i] = make(parquet.Row, ncol)
+	s := &ParquetSink{
+		f: f, w: w, nwin: len(specs),
+		free: make(chan *rowBatch, 2), full: make(chan *rowBatch, 2),
+		done: make(chan struct{}), errc: make(chan error, 1),
 	}
+	ncol := 3 + 4*len(specs) + 5
+	for range 2 {
+		b := &rowBatch{rows: make([]parquet.Row, parquetBatch)}
+		for i := range b.rows {
+			b.rows[i] = make(parquet.Row, 0, ncol)
+		}
+		s.free <- b
+	}
+	go s.encode()
 	return s, nil
+}
+
+// encode writes full batches until full is closed. After an error it keeps
+// draining (so Write never blocks on a dead encoder) but writes nothing.
+func (s *ParquetSink) encode() {
+	defer close(s.done)
+	for b := range s.full {
+		if s.err == nil {
+			if _, err := s.w.WriteRows(b.rows[:b.n]); err != nil {
+				s.err = fmt.Errorf("parquet sink: %w", err)
+				s.errc <- s.err
+			}
+		}
+		// parquet-go has copied the values, byte arrays included, into its
+		// column buffers: the batch and its arena can be refilled.
+		b.n, b.arena = 0, b.arena[:0]
+		s.free <- b
+	}
 }
 
 // Write implements Sink: features only.
@@ -112,14 +157,23 @@ func (s *ParquetSink) Write(o *pipeline.Output) error {
 	if len(v.windows) != s.nwin {
 		return fmt.Errorf("parquet sink: record has %d windows, the schema %d", len(v.windows), s.nwin)
 	}
-	row := s.rows[s.n][:0]
+	if s.cur == nil {
+		select {
+		case err := <-s.errc:
+			s.errc <- err
+			return err
+		case s.cur = <-s.free:
+		}
+	}
+	b := s.cur
+	row := b.rows[b.n][:0]
 	// Strings are copied into the batch's arena: o.Value is reused after
 	// this call, and the rows are handed to the writer a batch at a time.
 	// Columns are numbered in schema order (see ParquetSchema); every column
 	// but ms_since_previous is required, so its definition level is 0.
 	row = append(row,
-		parquet.ByteArrayValue(s.keep(v.eventID)).Level(0, 0, 0),
-		parquet.ByteArrayValue(s.keep(v.entityID)).Level(0, 0, 1),
+		parquet.ByteArrayValue(b.keep(v.eventID)).Level(0, 0, 0),
+		parquet.ByteArrayValue(b.keep(v.entityID)).Level(0, 0, 1),
 		parquet.Int64Value(v.eventTime).Level(0, 0, 2),
 	)
 	col := 3
@@ -140,58 +194,65 @@ func (s *ParquetSink) Write(o *pipeline.Output) error {
 	}
 	row = append(row,
 		parquet.BooleanValue(v.late).Level(0, 0, col+1),
-		parquet.ByteArrayValue(s.keep(v.sourceTopic)).Level(0, 0, col+2),
+		parquet.ByteArrayValue(b.keep(v.sourceTopic)).Level(0, 0, col+2),
 		parquet.Int32Value(v.sourcePartition).Level(0, 0, col+3),
 		parquet.Int64Value(v.sourceOffset).Level(0, 0, col+4),
 	)
-	s.rows[s.n] = row
-	s.n++
-	if s.n == len(s.rows) {
-		return s.flushRows()
+	b.rows[b.n] = row
+	b.n++
+	if b.n == len(b.rows) {
+		s.full <- b
+		s.cur = nil
 	}
 	return nil
 }
 
-func (s *ParquetSink) keep(b []byte) []byte {
-	at := len(s.arena)
-	s.arena = append(s.arena, b...)
-	return s.arena[at:len(s.arena):len(s.arena)]
+func (b *rowBatch) keep(p []byte) []byte {
+	at := len(b.arena)
+	b.arena = append(b.arena, p...)
+	return b.arena[at:len(b.arena):len(b.arena)]
 }
 
-func (s *ParquetSink) flushRows() error {
-	if s.n == 0 {
-		return nil
+// stop hands over the last partial batch (when flush) and waits for the
+// encoder to finish, returning its error.
+func (s *ParquetSink) stop(flush bool) error {
+	if !s.shut {
+		s.shut = true
+		if s.cur != nil && s.cur.n > 0 && flush {
+			s.full <- s.cur
+		}
+		s.cur = nil
+		close(s.full)
 	}
-	_, err := s.w.WriteRows(s.rows[:s.n])
-	s.n = 0
-	// The writer has copied the values into its column buffers; a fresh
-	// arena keeps the old one from being overwritten while anything might
-	// still look at it.
-	s.arena = make([]byte, 0, cap(s.arena))
-	if err != nil {
-		return fmt.Errorf("parquet sink: %w", err)
-	}
-	return nil
+	<-s.done
+	return s.err
 }
 
-// Commit implements Sink.
+// Commit implements Sink: the last rows, the footer, fsync, rename.
 func (s *ParquetSink) Commit(context.Context) error {
-	if s.aborted {
+	if s.gone {
 		return nil
 	}
-	if err := s.flushRows(); err != nil {
+	s.gone = true
+	err := s.stop(true)
+	if err == nil {
+		if err = s.w.Close(); err != nil {
+			err = fmt.Errorf("parquet sink: %w", err)
+		}
+	}
+	if err != nil {
 		_ = s.f.abort()
 		return err
-	}
-	if err := s.w.Close(); err != nil {
-		_ = s.f.abort()
-		return fmt.Errorf("parquet sink: %w", err)
 	}
 	return s.f.commit()
 }
 
 // Abort implements Sink.
 func (s *ParquetSink) Abort() error {
-	s.aborted = true
+	if s.gone {
+		return nil
+	}
+	s.gone = true
+	_ = s.stop(false)
 	return s.f.abort()
 }
