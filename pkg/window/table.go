@@ -64,8 +64,9 @@ type ring struct {
 	cnt, sum, min, max int64
 }
 
-// entity is one slab record. Exactly one of three shapes:
-//   - raw != nil: sorted raw events (every event still inside some window);
+// entity is one slab record (64 bytes, one cache line). Exactly one of three shapes:
+//   - raw != nil: sorted raw events (every event still inside some window), in an
+//     allocation that also holds the id (reallocRaw), which id then points into;
 //   - rings != nil: one ring per window (rings points at the first of them);
 //   - both nil: a header whose windows have emptied (see EvictIdle).
 type entity struct {
