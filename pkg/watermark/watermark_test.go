@@ -338,7 +338,7 @@ func TestReadyAppendsToDst(t *testing.T) {
 	}
 }
 
-func TestRestoreRejectsOnlyCorruptInput(t *testing.T) {
+func TestRestoreDetectsFlippedBitsAndTruncation(t *testing.T) {
 	s := mustNew(t, Config{AllowedLateness: 100})
 	s.Offer(Event{Offset: 0, EventTime: 1000, EventID: "a", EntityID: "x"})
 	s.Offer(Event{Offset: 1, EventTime: 950, EventID: "b", EntityID: "y"})
