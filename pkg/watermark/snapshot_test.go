@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 )
 
 // reseal replaces the trailing checksum so that a test can reach the structural checks
@@ -116,4 +117,34 @@ func FuzzRestore(f *testing.F) {
 			st.Offer(Event{Offset: 1, EventTime: 1, EventID: "z"})
 		}
 	})
+}
+
+// State that is not an event or an id also survives: the pressure flag (with its
+// hysteresis) and the idle clock, which restarts at Restore rather than being stored.
+func TestRestoreKeepsPressureAndRestartsIdleClock(t *testing.T) {
+	clk := &fakeClock{t: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)}
+	cfg := Config{AllowedLateness: 1 << 20, HighEvents: 2, LowEvents: 1, IdleTimeout: time.Second, Now: clk.Now}
+	s := mustNew(t, cfg)
+	for i := range 3 {
+		s.Offer(Event{Offset: int64(i), EventTime: int64(i), EventID: string(rune('a' + i)), Size: -5})
+	}
+	s.releaseN(1) // 2 pending: between the marks, still under pressure
+	if !s.Pressure() || s.PendingBytes() != 0 {
+		t.Fatalf("before snapshot: pressure %v, bytes %d; want true, 0 (negative sizes count 0)", s.Pressure(), s.PendingBytes())
+	}
+	clk.t = clk.t.Add(time.Hour)
+	r, err := Restore(cfg, s.AppendSnapshot(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Pressure() || r.Pending() != 2 {
+		t.Fatalf("restored: pressure %v with %d pending; want true with 2", r.Pressure(), r.Pending())
+	}
+	if got := r.Idle(nil); len(got) != 0 {
+		t.Fatalf("Idle right after Restore released %v; the clock should restart", ids(got))
+	}
+	clk.t = clk.t.Add(time.Second)
+	if got := ids(r.Idle(nil)); !slices.Equal(got, []string{"b", "c"}) || r.Pressure() {
+		t.Fatalf("Idle a timeout after Restore = %v, pressure %v; want [b c], false", got, r.Pressure())
+	}
 }
