@@ -136,7 +136,13 @@ func runReplay(ctx context.Context, r *replayFlags, log *zap.Logger) (err error)
 	if err != nil {
 		outs.abort()
 		if ctx.Err() != nil {
-			return fmt.Errorf("interrupted after %d records; no output file was completed (.partial files removed): %w", res.Records, ctx.Err())
+			what := "no output file was completed (.partial files removed)"
+			if outs.kafka != nil {
+				// A topic cannot take records back: say so rather than let
+				// the user believe the topic is clean.
+				what = "the output topic holds a partial replay; any output file was removed"
+			}
+			return fmt.Errorf("interrupted after %d records; %s: %w", res.Records, what, ctx.Err())
 		}
 		return err
 	}

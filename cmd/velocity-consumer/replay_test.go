@@ -12,9 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/linkedin/goavro/v2"
 	"go.uber.org/zap"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/replay"
+	"github.com/velocity-consumer/velocity-consumer/schemas"
 )
 
 const replayExample = "../../pkg/replay/testdata/examples.jsonl"
@@ -98,6 +100,43 @@ func TestReplayCommandFiles(t *testing.T) {
 				t.Errorf("%d dead letters, want 3", got)
 			}
 		})
+	}
+}
+
+// TestReplayCommandAvroFile replays an Avro container file through the
+// command: the file's header schema is the writer schema.
+func TestReplayCommandAvroFile(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "txns.avro")
+	f, err := os.Create(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := goavro.NewOCFWriter(goavro.OCFConfig{W: f, Schema: schemas.Transaction})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []any
+	for i := range 100 {
+		recs = append(recs, map[string]any{"event_id": "e" + strconv.Itoa(i), "entity_id": "c" + strconv.Itoa(i%7),
+			"amount_minor": int64(i), "currency": "EUR", "event_time": int64(1793491200000 + i*1000)})
+	}
+	recs = append(recs, map[string]any{"event_id": "bad", "entity_id": "c1", "amount_minor": int64(1), "currency": "eur", "event_time": int64(1793491300000)})
+	if err := w.Append(recs); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	out, dlq := filepath.Join(dir, "f.jsonl"), filepath.Join(dir, "d.jsonl")
+	if err := cmdReplay(context.Background(), []string{"--input-file", in, "--output", out, "--dlq", dlq, "--quiet", "--log-level", "error"}); err != nil {
+		t.Fatal(err)
+	}
+	fb, _ := os.ReadFile(out)
+	db, _ := os.ReadFile(dlq)
+	if n := bytes.Count(fb, []byte("\n")); n != 100 || !bytes.Contains(fb, []byte(`"source_topic":"txns.avro","source_partition":0,"source_offset":99}`)) {
+		t.Errorf("%d features lines, want 100 with file lineage", n)
+	}
+	if !bytes.Contains(db, []byte(`"reason":"invalid:currency"`)) || !bytes.Contains(db, []byte(`"source_offset":100`)) {
+		t.Errorf("dead letters %s, want invalid:currency at offset 100", db)
 	}
 }
 
