@@ -364,3 +364,74 @@ func TestReplayTopicRanges(t *testing.T) {
 func replayRange(from, to int64) replay.Range { return replay.Range{From: from, To: to} }
 
 func replayHead(s []int64) []int64 { return s[:min(len(s), 5)] }
+
+// TestReplayTransactionalTopic replays a topic written by a transactional
+// producer: committed, aborted, committed, and the range ending on a commit
+// marker. The replay must see exactly the committed records (as the live
+// read_committed consumer does) and must end, although the last offsets of
+// the range are transaction markers that carry no record.
+func TestReplayTransactionalTopic(t *testing.T) {
+	t.Parallel()
+	addr := kafkatest.Broker(t)
+	topic := kafkatest.CreateTopic(t, addr, 1, nil)
+	ctx := kafkatest.Context(t, 90*time.Second)
+	prod := kafkatest.Client(t, addr, kgo.DefaultProduceTopic(topic), kgo.TransactionalID(kafkatest.TransactionalID(t)))
+	i := 0
+	txn := func(n int, end kgo.TransactionEndTry) (ids []string) {
+		t.Helper()
+		if err := prod.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		for range n {
+			tx := codec.Transaction{EventID: "ev-" + strconv.Itoa(i), EntityID: "card-1", AmountMinor: 1, EventTime: replayT0 + int64(i)}
+			ids = append(ids, tx.EventID)
+			i++
+			if err := kafkatest.Produce(ctx, prod, &kgo.Record{Key: []byte(tx.EntityID), Value: codec.EncodeTransaction(&tx)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := prod.EndTransaction(ctx, end); err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+	want := txn(5, kgo.TryCommit)
+	txn(3, kgo.TryAbort)
+	want = append(want, txn(2, kgo.TryCommit)...)
+
+	// 10 data records (3 of them aborted) and 3 markers: 13 offsets. The
+	// coordinator writes the last marker after EndTransaction returns; wait
+	// for it, or "end" (the last stable offset) would stop before txn 3.
+	var src *replay.TopicSource
+	for {
+		var err error
+		src, err = replay.OpenTopic(ctx, replay.TopicConfig{Brokers: kafkatest.Seeds(addr), Topic: topic, From: replay.Start, To: replay.End})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if src.Range(0).To == 13 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("range %+v, want 13 offsets", src.Range(0))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	var got []string
+	dec, _ := codec.NewDecoder("", codec.Limits{})
+	err := src.Read(ctx, 0, nil, func(r *replay.Record) error {
+		var tx codec.Transaction
+		if rej := dec.Decode(r.Value, 0, false, &tx); rej != nil {
+			t.Fatalf("offset %d: %v", r.Offset, rej)
+		}
+		got = append(got, tx.EventID)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("replayed %v, want the committed %v", got, want)
+	}
+}

@@ -210,7 +210,10 @@ type fetchBatch struct {
 // makes visible (and which are not fed to the pipeline), and aborted records,
 // which always lie before their abort marker: so the last offset of a range
 // that ends at the stable end is always seen, and a record at or past To
-// also ends it.
+// also ends it. One case waits: when the range ends in records of an aborted
+// transaction whose abort marker lies past another transaction still open,
+// nothing at or past To is readable until that one ends (at worst the
+// producer's transaction timeout).
 func (s *TopicSource) Read(ctx context.Context, p int32, prog *Progress, fn func(*Record) error) error {
 	r, ok := s.ranges[p]
 	if !ok {
