@@ -3,6 +3,7 @@ package window
 import (
 	"flag"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -240,5 +241,58 @@ func BenchmarkBaselineMapLookup1M(b *testing.B) {
 	}
 	if sink == 0 {
 		b.Fatal("no lookups")
+	}
+}
+
+// BenchmarkBaselineDenseRingHot is not the engine: the naive design the issue
+// measured at 336 ns (a dense ring of N buckets per window, every bucket scanned on
+// every read), same stream as BenchmarkApplyHotEntity/step=100ms. It runs beside the
+// engine so the two can be compared under the same machine load.
+func BenchmarkBaselineDenseRingHot(b *testing.B) {
+	specs, _ := ParseSpecs(DefaultSpecs)
+	rings := make([][]bucket, len(specs))
+	for i, sp := range specs {
+		rings[i] = make([]bucket, sp.Buckets)
+	}
+	apply := func(now, a int64, out []Agg) {
+		for i, sp := range specs {
+			k := now / sp.BucketMs
+			bk := &rings[i][k%int64(sp.Buckets)]
+			if bk.k != k {
+				*bk = bucket{k: k, min: a, max: a}
+			}
+			bk.cnt++
+			bk.sum += a
+			bk.min = min(bk.min, a)
+			bk.max = max(bk.max, a)
+			o := Agg{Min: math.MaxInt64, Max: math.MinInt64}
+			for j := range rings[i] {
+				if x := &rings[i][j]; x.cnt > 0 && x.k > k-int64(sp.Buckets) {
+					o.Count += x.cnt
+					o.Sum += x.sum
+					o.Min = min(o.Min, x.min)
+					o.Max = max(o.Max, x.max)
+				}
+			}
+			out[i] = o
+		}
+	}
+	amounts := randomAmounts(4096)
+	out := make([]Agg, 4)
+	now := int64(1_800_000_000_000)
+	for i := range 864_000 {
+		now += 100
+		apply(now, amounts[i&4095], out)
+	}
+	var sink int64
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		now += 100
+		apply(now, amounts[i&4095], out)
+		sink += out[0].Count + out[1].Sum + out[2].Min + out[3].Max
+	}
+	if sink == 0 {
+		b.Fatal("no aggregates read")
 	}
 }
