@@ -63,3 +63,15 @@ func BenchmarkSinks(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkJSONLParse measures turning one JSON line into a transaction.
+func BenchmarkJSONLParse(b *testing.B) {
+	line := []byte(`{"event_id":"ev-123456","entity_id":"card-0042","amount_minor":12345,"currency":"EUR","event_time":1793491200123}`)
+	b.ReportAllocs()
+	var tx codec.Transaction
+	for b.Loop() {
+		if rej := parseJSONTransaction(line, &tx); rej != nil {
+			b.Fatal(rej)
+		}
+	}
+}

@@ -131,6 +131,16 @@ type jsonTransaction struct {
 }
 
 func parseJSONTransaction(line []byte, tx *codec.Transaction) *codec.Rejection {
+	if parseJSONFast(line, tx) {
+		return nil
+	}
+	*tx = codec.Transaction{}
+	return parseJSONGeneral(line, tx)
+}
+
+// parseJSONGeneral is encoding/json's reading of a line, the reference
+// behaviour: any JSON, escapes and all, with the field type checks above.
+func parseJSONGeneral(line []byte, tx *codec.Transaction) *codec.Rejection {
 	var j jsonTransaction
 	if err := json.Unmarshal(line, &j); err != nil {
 		return &codec.Rejection{Reason: codec.ReasonDecode, Detail: "not a JSON transaction object: " + err.Error()}
