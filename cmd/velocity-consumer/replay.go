@@ -82,13 +82,20 @@ func cmdReplay(ctx context.Context, args []string) error {
 	return runReplay(ctx, &r, log)
 }
 
-func runReplay(ctx context.Context, r *replayFlags, log *zap.Logger) (err error) {
+func runReplay(ctx context.Context, r *replayFlags, log *zap.Logger) error {
 	st, err := r.pipe.settings()
 	if err != nil {
 		return err
 	}
 	if r.output == "" {
 		return errors.New("--output (VELOCITY_OUTPUT) is required: topic:NAME, NAME.jsonl or NAME.parquet")
+	}
+	if r.inputFile == "" {
+		for _, spec := range []string{r.output, r.dlq} {
+			if spec == "topic:"+r.inputTopic {
+				return fmt.Errorf("%s is the input topic: a replay must not write into the range it reads", spec)
+			}
+		}
 	}
 	if r.pipe.idleTimeout > 0 {
 		log.Debug("--idle-timeout is live-only; replay flushes at the end of the range instead")
@@ -115,9 +122,6 @@ func runReplay(ctx context.Context, r *replayFlags, log *zap.Logger) (err error)
 		if dead, err = outs.open(ctx, r, r.dlq, st, true); err != nil {
 			return err
 		}
-	}
-	if topic, ok := strings.CutPrefix(r.output, "topic:"); ok && topic == src.Topic() && r.inputFile == "" {
-		return errors.New("--output names the input topic: the replay would read its own output")
 	}
 
 	prog := replay.NewProgress(src)
