@@ -23,6 +23,7 @@ import (
 	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/metrics"
+	"github.com/velocity-consumer/velocity-consumer/pkg/pipeline"
 	"github.com/velocity-consumer/velocity-consumer/pkg/replay"
 	"github.com/velocity-consumer/velocity-consumer/pkg/service"
 	"github.com/velocity-consumer/velocity-consumer/pkg/watermark"
@@ -246,6 +247,46 @@ func TestReplayMatchesLiveRun(t *testing.T) {
 	}
 	t.Logf("%d offsets: %d features byte-identical, %d dead letters with the same reasons", n, len(live.features), len(live.dead))
 
+	// A range from the middle of each partition: with a warm-up from the
+	// start its features are the live ones; without, windows start empty
+	// and some must differ (or the warm-up would prove nothing).
+	specsPipe := replayPipeline(t, specs, 0)
+	for _, warm := range []bool{true, false} {
+		cfg := replay.TopicConfig{Brokers: kafkatest.Seeds(addr), Topic: in, From: replay.OffsetBound(700), To: replay.End}
+		if warm {
+			cfg.WarmUpFrom = &replay.Start
+		}
+		src, err := replay.OpenTopic(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := &collectSink{features: map[replayPos][]byte{}}
+		res, err := replay.Run(ctx, src, replay.Config{Pipeline: specsPipe, Features: got, Dead: got})
+		if err != nil {
+			t.Fatal(err)
+		}
+		same, differ := 0, 0
+		for pos, v := range got.features {
+			if pos.offset < 700 {
+				t.Fatalf("warm-up=%v: an output for offset %d, before the range", warm, pos.offset)
+			}
+			if string(live.features[pos]) == string(v) {
+				same++
+			} else {
+				differ++
+			}
+		}
+		if res.Records != int64(len(got.features)+got.dead) {
+			t.Errorf("warm-up=%v: %d records gave %d features + %d dead letters", warm, res.Records, len(got.features), got.dead)
+		}
+		switch {
+		case warm && (differ > 0 || same == 0 || res.WarmUp != 3*700):
+			t.Errorf("with warm-up: %d identical, %d differ from live, %d warm-up records; want all identical after 2100 warm-up records", same, differ, res.WarmUp)
+		case !warm && differ == 0:
+			t.Errorf("without warm-up all %d features equal live ones: the test cannot tell warm-up from none", same)
+		}
+	}
+
 	// The Parquet replay holds one row per features record, at the same positions.
 	f, err := os.Open(parquetPath)
 	if err != nil {
@@ -317,19 +358,24 @@ func TestReplayTopicRanges(t *testing.T) {
 		from, to replay.Bound
 		parts    []int32
 		want     map[int32]replay.Range
+		warmUp   *replay.Bound
 	}{
 		{"whole topic", replay.Start, replay.End, nil, map[int32]replay.Range{
-			0: replayRange(0, int64(len(ts[0]))), 1: replayRange(0, int64(len(ts[1])))}},
-		{"offsets", replay.OffsetBound(10), replay.OffsetBound(20), nil, map[int32]replay.Range{0: replayRange(10, 20), 1: replayRange(10, 20)}},
-		{"offsets past the end are clamped", replay.OffsetBound(100), replay.OffsetBound(1 << 40), []int32{1}, map[int32]replay.Range{1: replayRange(100, int64(len(ts[1])))}},
+			0: replayRange(0, int64(len(ts[0]))), 1: replayRange(0, int64(len(ts[1])))}, nil},
+		{"offsets", replay.OffsetBound(10), replay.OffsetBound(20), nil, map[int32]replay.Range{0: replayRange(10, 20), 1: replayRange(10, 20)}, nil},
+		{"offsets past the end are clamped", replay.OffsetBound(100), replay.OffsetBound(1 << 40), []int32{1}, map[int32]replay.Range{1: replayRange(100, int64(len(ts[1])))}, nil},
 		{"times", at(replayT0 + 500), at(replayT0 + 1500), nil, map[int32]replay.Range{
-			0: replayRange(firstAt(0, replayT0+500), firstAt(0, replayT0+1500)), 1: replayRange(firstAt(1, replayT0+500), firstAt(1, replayT0+1500))}},
+			0: replayRange(firstAt(0, replayT0+500), firstAt(0, replayT0+1500)), 1: replayRange(firstAt(1, replayT0+500), firstAt(1, replayT0+1500))}, nil},
 		{"a time after everything is an empty range", at(replayT0 + 1e9), replay.End, []int32{0}, map[int32]replay.Range{
-			0: replayRange(int64(len(ts[0])), int64(len(ts[0])))}},
+			0: replayRange(int64(len(ts[0])), int64(len(ts[0])))}, nil},
+		{"warm-up from an offset", replay.OffsetBound(10), replay.OffsetBound(20), []int32{0}, map[int32]replay.Range{
+			0: {WarmUp: 4, From: 10, To: 20}}, ptrBound(replay.OffsetBound(4))},
+		{"warm-up after from is no warm-up", replay.OffsetBound(10), replay.OffsetBound(20), []int32{0}, map[int32]replay.Range{
+			0: replayRange(10, 20)}, ptrBound(replay.OffsetBound(15))},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			src, err := replay.OpenTopic(ctx, replay.TopicConfig{Brokers: kafkatest.Seeds(addr), Topic: in, Partitions: tt.parts, From: tt.from, To: tt.to})
+			src, err := replay.OpenTopic(ctx, replay.TopicConfig{Brokers: kafkatest.Seeds(addr), Topic: in, Partitions: tt.parts, From: tt.from, To: tt.to, WarmUpFrom: tt.warmUp})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -344,14 +390,20 @@ func TestReplayTopicRanges(t *testing.T) {
 				var offsets []int64
 				err := src.Read(ctx, p, nil, func(r *replay.Record) error {
 					offsets = append(offsets, r.Offset)
+					if r.WarmUp != (r.Offset < tt.want[p].From) {
+						t.Errorf("offset %d: warm-up %v", r.Offset, r.WarmUp)
+					}
 					return nil
 				})
 				if err != nil {
 					t.Fatal(err)
 				}
 				w := tt.want[p]
-				if int64(len(offsets)) != w.To-w.From || (len(offsets) > 0 && (offsets[0] != w.From || offsets[len(offsets)-1] != w.To-1)) {
-					t.Errorf("partition %d: read %d records %v…, want offsets %d..%d", p, len(offsets), replayHead(offsets), w.From, w.To-1)
+				if w.From == w.To {
+					w.WarmUp = w.From // an empty range skips its warm-up
+				}
+				if int64(len(offsets)) != w.To-w.WarmUp || (len(offsets) > 0 && (offsets[0] != w.WarmUp || offsets[len(offsets)-1] != w.To-1)) {
+					t.Errorf("partition %d: read %d records %v…, want offsets %d..%d", p, len(offsets), replayHead(offsets), w.WarmUp, w.To-1)
 				}
 			}
 		})
@@ -361,7 +413,11 @@ func TestReplayTopicRanges(t *testing.T) {
 	}
 }
 
-func replayRange(from, to int64) replay.Range { return replay.Range{From: from, To: to} }
+func replayRange(from, to int64) replay.Range {
+	return replay.Range{WarmUp: from, From: from, To: to}
+}
+
+func ptrBound(b replay.Bound) *replay.Bound { return &b }
 
 func replayHead(s []int64) []int64 { return s[:min(len(s), 5)] }
 
@@ -435,3 +491,35 @@ func TestReplayTransactionalTopic(t *testing.T) {
 		t.Errorf("replayed %v, want the committed %v", got, want)
 	}
 }
+
+// replayPipeline is the pipeline configuration of the live run above.
+func replayPipeline(t *testing.T, specs []window.Spec, latenessMs int64) pipeline.Config {
+	t.Helper()
+	dec, err := codec.NewDecoder("", codec.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pipeline.Config{
+		Specs:     specs,
+		Window:    window.Options{MaxEntities: 5_000_000, HistoryTTLMs: (7 * 24 * time.Hour).Milliseconds()},
+		Watermark: watermark.Config{AllowedLateness: latenessMs, DedupeHorizon: (24 * time.Hour).Milliseconds()},
+		Decoder:   dec,
+	}
+}
+
+// collectSink keeps features values by source position and counts dead letters.
+type collectSink struct {
+	features map[replayPos][]byte
+	dead     int
+}
+
+func (c *collectSink) Write(o *pipeline.Output) error {
+	if o.Dead {
+		c.dead++
+		return nil
+	}
+	c.features[replayPos{o.SourcePartition, o.SourceOffset}] = append([]byte(nil), o.Value...)
+	return nil
+}
+func (c *collectSink) Commit(context.Context) error { return nil }
+func (c *collectSink) Abort() error                 { return nil }

@@ -24,10 +24,11 @@ live idle release never fires: --idle-timeout is ignored). The features values
 are byte for byte those 'run' publishes for the same records.
 
 Inputs (one of):
-  --input-topic T [--from X] [--to Y] [--partitions 0,2]
+  --input-topic T [--from X] [--to Y] [--partitions 0,2] [--warm-up-from W]
         X, Y: an offset (from inclusive, to exclusive), an RFC 3339 time (the
         first offset whose record timestamp is at or after it), start or end
-        (end = the last stable offset when the replay starts).
+        (end = the last stable offset when the replay starts). Windows start
+        empty at X unless --warm-up-from reads history before it silently.
   --input-file x.avro    an Avro object container file of Transactions
   --input-file x.jsonl   JSON lines with the Transaction field names, event_time
                          in Unix ms; partition 0, offset = 0-based record
@@ -42,13 +43,13 @@ Files are written as NAME.partial and renamed when complete; an interrupted
 replay removes the .partial and exits non-zero.`
 
 type replayFlags struct {
-	brokers, inputTopic, inputFile string
-	from, to, partitions           string
-	output, dlq                    string
-	quiet                          bool
-	progressEvery                  time.Duration
-	logLevel, logFormat            string
-	pipe                           pipelineFlags
+	brokers, inputTopic, inputFile   string
+	from, to, warmUpFrom, partitions string
+	output, dlq                      string
+	quiet                            bool
+	progressEvery                    time.Duration
+	logLevel, logFormat              string
+	pipe                             pipelineFlags
 }
 
 func (r *replayFlags) register(e *envFlags) {
@@ -57,6 +58,7 @@ func (r *replayFlags) register(e *envFlags) {
 	e.String(&r.inputFile, "input-file", "", "replay a file instead of a topic: NAME.avro (Avro container) or NAME.jsonl (JSON lines)")
 	e.String(&r.from, "from", "start", "first record of the topic range: offset, RFC 3339 time, or start")
 	e.String(&r.to, "to", "end", "end of the topic range (exclusive): offset, RFC 3339 time, or end")
+	e.String(&r.warmUpFrom, "warm-up-from", "", "topic input: read from here (offset, RFC 3339 time or start) to --from without writing, so the range's windows hold the history before it; start reproduces the live values exactly (empty: the range starts with empty windows)")
 	e.String(&r.partitions, "partitions", "", "comma-separated partitions of the topic to replay (empty: all)")
 	e.String(&r.output, "output", "", "where features go: topic:NAME, NAME.jsonl or NAME.parquet")
 	e.String(&r.dlq, "dlq", "", "where dead letters go: topic:NAME or NAME.jsonl (empty: count them only)")
@@ -153,7 +155,7 @@ func runReplay(ctx context.Context, r *replayFlags, log *zap.Logger) error {
 	elapsed := time.Since(start)
 	fields := []zap.Field{
 		zap.String("source", src.Topic()), zap.Any("partitions", res.Partitions),
-		zap.Int64("records", res.Records), zap.Int64("features", res.Features), zap.Int64("dead_letters", res.Dead),
+		zap.Int64("records", res.Records), zap.Int64("warm_up_records", res.WarmUp), zap.Int64("features", res.Features), zap.Int64("dead_letters", res.Dead),
 		zap.Duration("elapsed", elapsed), zap.Float64("records_per_second", float64(res.Records)/max(elapsed.Seconds(), 1e-9)),
 		zap.String("output", r.output),
 	}
@@ -204,15 +206,21 @@ func openSource(ctx context.Context, r *replayFlags, writerSchema string, log *z
 	if err != nil {
 		return nil, "", fmt.Errorf("--to (VELOCITY_TO): %w", err)
 	}
-	src, err := replay.OpenTopic(ctx, replay.TopicConfig{
-		Brokers: brokers, Topic: r.inputTopic, Partitions: parts, From: from, To: to,
-	})
+	cfg := replay.TopicConfig{Brokers: brokers, Topic: r.inputTopic, Partitions: parts, From: from, To: to}
+	if r.warmUpFrom != "" {
+		w, err := replay.ParseBound(r.warmUpFrom)
+		if err != nil {
+			return nil, "", fmt.Errorf("--warm-up-from (VELOCITY_WARM_UP_FROM): %w", err)
+		}
+		cfg.WarmUpFrom = &w
+	}
+	src, err := replay.OpenTopic(ctx, cfg)
 	if err != nil {
 		return nil, "", err
 	}
 	for _, p := range src.Partitions() {
 		rg := src.Range(p)
-		log.Info("partition range", zap.Int32("partition", p), zap.Int64("from", rg.From), zap.Int64("to", rg.To))
+		log.Info("partition range", zap.Int32("partition", p), zap.Int64("warm_up_from", rg.WarmUp), zap.Int64("from", rg.From), zap.Int64("to", rg.To))
 	}
 	return src, writerSchema, nil
 }

@@ -44,7 +44,8 @@ type Config struct {
 // Result counts what a replay did. Every input record yields exactly one
 // output, so Records == Features + Dead after a complete replay.
 type Result struct {
-	Records    int64
+	Records    int64 // in the range proper, warm-up excluded
+	WarmUp     int64 // warm-up records read (their outputs are not written)
 	Features   int64
 	Dead       int64
 	ByReason   map[codec.Reason]int64
@@ -92,9 +93,15 @@ func runPartition(ctx context.Context, src Source, p int32, cfg Config, prog *Pr
 		cur     *Record // the record being processed, for Original
 		sinkErr error
 		dl      pipeline.Output
+		warmTo  int64 = -1 // last warm-up offset seen
 	)
 	emit := func(o *pipeline.Output) {
 		if sinkErr != nil {
+			return
+		}
+		if o.SourceOffset <= warmTo {
+			// The output of a warm-up record (possibly released only now):
+			// it belongs before the range.
 			return
 		}
 		var s Sink
@@ -122,8 +129,13 @@ func runPartition(ctx context.Context, src Source, p int32, cfg Config, prog *Pr
 		prog.Outputs.Add(1)
 	}
 	err = src.Read(ctx, p, prog, func(r *Record) error {
-		res.Records++
-		prog.Records.Add(1)
+		if r.WarmUp {
+			res.WarmUp++
+			warmTo = r.Offset
+		} else {
+			res.Records++
+			prog.Records.Add(1)
+		}
 		r.Topic, r.Partition, r.Arrival = pc.Topic, p, 0
 		cur = r
 		if r.Reject != nil {

@@ -39,6 +39,10 @@ type Record struct {
 	// with this reason without reaching the processor, exactly as the
 	// processor would dead-letter an undecodable value: it has no state effect.
 	Reject *codec.Rejection
+	// WarmUp marks a record before the range proper: it is processed so the
+	// state is what the live service had, but nothing it yields is written.
+	// Warm-up records come first and all of them.
+	WarmUp bool
 }
 
 // Progress is how far a replay has come, read concurrently by a progress bar.

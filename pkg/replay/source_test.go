@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -300,4 +301,57 @@ func equalFeatures(a, b codec.Features) bool {
 	return a.EventID == b.EventID && a.EntityID == b.EntityID && a.EventTime == b.EventTime &&
 		a.MsSincePrevious == b.MsSincePrevious && a.HasPrevious == b.HasPrevious && a.Late == b.Late &&
 		a.SourceTopic == b.SourceTopic && a.SourcePartition == b.SourcePartition && a.SourceOffset == b.SourceOffset
+}
+
+// warmUpFirst marks the first n records of a source as warm-up.
+type warmUpFirst struct {
+	Source
+	n int64
+}
+
+func (w warmUpFirst) Read(ctx context.Context, p int32, prog *Progress, fn func(*Record) error) error {
+	return w.Source.Read(ctx, p, prog, func(r *Record) error {
+		r.WarmUp = r.Offset < w.n
+		return fn(r)
+	})
+}
+
+// TestWarmUp replays the EXAMPLES stream with its first records as warm-up:
+// outputs of the range are exactly those of a full replay, including the
+// features of events released only after the range began; nothing of the
+// warm-up is written, even its outputs released later (e1…e3, released by e5).
+func TestWarmUp(t *testing.T) {
+	full := replayToMem(t, mustOpenJSONL(t, filepath.Join("testdata", "examples.jsonl")))
+	for _, n := range []int64{0, 1, 4, 7, 12} {
+		t.Run("first "+strconv.FormatInt(n, 10), func(t *testing.T) {
+			m := &memSink{}
+			res, err := Run(context.Background(), warmUpFirst{mustOpenJSONL(t, filepath.Join("testdata", "examples.jsonl")), n},
+				Config{Pipeline: exampleConfig(t), Features: m, Dead: m})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var want [][]byte
+			for i, f := range full.features {
+				if f.SourceOffset >= n {
+					want = append(want, full.values[i])
+				}
+			}
+			if len(m.values) != len(want) {
+				t.Fatalf("%d features, want %d", len(m.values), len(want))
+			}
+			for i := range want {
+				if string(m.values[i]) != string(want[i]) {
+					t.Errorf("features %d differ from the full replay's", i)
+				}
+			}
+			for _, d := range m.dead {
+				if d.SourceOffset < n {
+					t.Errorf("dead letter for warm-up offset %d", d.SourceOffset)
+				}
+			}
+			if res.WarmUp != n || res.Records != 12-n || res.Records != res.Features+res.Dead {
+				t.Errorf("result %+v, want %d warm-up and %d records all accounted for", res, n, 12-n)
+			}
+		})
+	}
 }

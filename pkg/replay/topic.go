@@ -81,12 +81,21 @@ type TopicConfig struct {
 	Topic      string
 	Partitions []int32 // empty: every partition of the topic
 	From, To   Bound   // From inclusive, To exclusive
+	// WarmUpFrom, if set, is where reading starts: records from it up to
+	// From build the windows, dedupe set and reorder buffer without emitting
+	// anything, so the features of the range count history that precedes it,
+	// as the live service's did. Start gives exactly the live values (the
+	// live service saw the whole partition); a time a window plus the
+	// lateness before From gives the same windows, if not ms_since_previous
+	// for entities idle longer than that.
+	WarmUpFrom *Bound
 	// ClientOpts are extra franz-go options (TLS, SASL, logging).
 	ClientOpts []kgo.Opt
 }
 
-// Range is one partition's resolved offsets, From inclusive, To exclusive.
-type Range struct{ From, To int64 }
+// Range is one partition's resolved offsets, From inclusive, To exclusive;
+// reading starts at WarmUp (<= From), records before From only warm up.
+type Range struct{ WarmUp, From, To int64 }
 
 // TopicSource reads a fixed offset range of each partition of a topic with
 // read_committed isolation, as the live consumer does, so aborted records are
@@ -150,6 +159,12 @@ func OpenTopic(ctx context.Context, cfg TopicConfig) (*TopicSource, error) {
 	if err != nil {
 		return nil, err
 	}
+	warm := from
+	if cfg.WarmUpFrom != nil {
+		if warm, err = resolve(*cfg.WarmUpFrom); err != nil {
+			return nil, err
+		}
+	}
 	s := &TopicSource{cfg: cfg, ranges: map[int32]Range{}}
 	if len(starts[cfg.Topic]) == 0 {
 		return nil, fmt.Errorf("topic %s has no partitions (does it exist?)", cfg.Topic)
@@ -174,8 +189,9 @@ func OpenTopic(ctx context.Context, cfg TopicConfig) (*TopicSource, error) {
 		if r.To < r.From {
 			r.To = r.From
 		}
+		r.WarmUp = min(max(warm[p], st.Offset), r.From)
 		s.ranges[p] = r
-		s.total += r.To - r.From
+		s.total += r.To - r.WarmUp
 		s.parts = append(s.parts, p)
 	}
 	return s, nil
@@ -220,11 +236,12 @@ func (s *TopicSource) Read(ctx context.Context, p int32, prog *Progress, fn func
 		return fmt.Errorf("partition %d is not in the range", p)
 	}
 	if r.From >= r.To {
+		// Nothing to emit: a warm-up alone would only cost time.
 		return nil
 	}
 	opts := append([]kgo.Opt{
 		kgo.SeedBrokers(s.cfg.Brokers...),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{s.cfg.Topic: {p: kgo.NewOffset().At(r.From)}}),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{s.cfg.Topic: {p: kgo.NewOffset().At(r.WarmUp)}}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.KeepControlRecords(),
 		kgo.FetchMaxBytes(64 << 20),
@@ -268,7 +285,7 @@ func (s *TopicSource) Read(ctx context.Context, p int32, prog *Progress, fn func
 	}()
 
 	var rec Record
-	done := r.From
+	done := r.WarmUp
 	for {
 		var (
 			b  fetchBatch
@@ -296,6 +313,7 @@ func (s *TopicSource) Read(ctx context.Context, p int32, prog *Progress, fn func
 				rec.Offset = kr.Offset
 				rec.Key = kr.Key
 				rec.Value = kr.Value
+				rec.WarmUp = kr.Offset < r.From
 				if err := fn(&rec); err != nil {
 					return err
 				}
