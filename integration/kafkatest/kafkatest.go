@@ -139,7 +139,7 @@ func resolve() {
 	case err == nil:
 		r.addr, r.source, r.stop = addr, "scripts/kafka-local.sh", stop
 	case errors.Is(err, errUnavailable):
-		why = append(why, err.Error())
+		why = append(why, strings.TrimPrefix(err.Error(), errUnavailable.Error()+": "))
 		r.err, r.skip = fmt.Errorf("%w: KAFKA_BROKERS unset; %s", errUnavailable, strings.Join(why, "; ")), true
 	default:
 		r.err = err
@@ -189,7 +189,7 @@ func ping(addr string, timeout time.Duration) error {
 func startScript() (addr string, stop func(), err error) {
 	for _, tool := range []string{"java", "mvn"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			return "", nil, fmt.Errorf("%w: no Docker engine and no %s on PATH for scripts/kafka-local.sh", errUnavailable, tool)
+			return "", nil, fmt.Errorf("%w: no %s on PATH for scripts/kafka-local.sh", errUnavailable, tool)
 		}
 	}
 	script, err := findScript()
