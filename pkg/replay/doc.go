@@ -7,7 +7,9 @@
 // offset order, and flushed at the end of the range instead of being released
 // by the live idle timeout: no wall-clock time enters, so the features values
 // are byte for byte those the live service publishes for the same records
-// (given a live run whose idle release did not fire early).
+// (given a live run whose idle release did not fire early, and the same
+// history: a range that starts mid-partition starts with empty windows unless
+// TopicConfig.WarmUpFrom feeds the records before it without emitting).
 //
 // Partitions are replayed one after another in ascending order, so every output
 // holds partition 0's outputs (in emit order), then partition 1's, and so on.
