@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/testcontainers/testcontainers-go"
@@ -44,7 +45,8 @@ func dockerAnswers() (bool, string) {
 	select {
 	case err := <-done:
 		if err != nil {
-			return false, fmt.Sprintf("Docker engine does not answer: %v", err)
+			// testcontainers' errors span lines; the skip message is one.
+			return false, "Docker engine does not answer: " + strings.Join(strings.Fields(err.Error()), " ")
 		}
 		return true, ""
 	case <-ctx.Done():
