@@ -44,8 +44,14 @@ func parseJSONFast(line []byte, tx *codec.Transaction) bool {
 		for i, name := range jsonFields {
 			if string(key) == name {
 				field = i
-			} else if bytes.EqualFold(key, jsonFieldBytes[i]) {
-				return false // encoding/json would match it; let it
+				break
+			}
+		}
+		if field < 0 {
+			for _, name := range jsonFieldBytes {
+				if bytes.EqualFold(key, name) {
+					return false // encoding/json would match it; let it
+				}
 			}
 		}
 		switch field {
