@@ -401,3 +401,37 @@ func TestRangeStopsAndSpecsIsACopy(t *testing.T) {
 		t.Fatal("Specs exposes internal state")
 	}
 }
+
+// TestApplyDoesNotAllocateInSteadyState: once an entity exists and its storage has
+// reached the size its activity needs, counting an event allocates nothing (the
+// hot-path target), in both the raw-list and the ring shape.
+func TestApplyDoesNotAllocateInSteadyState(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		step int64 // event-time distance: 2 h keeps ~12 raw events, 100 ms means rings
+	}{{"raw list", 2 * 3600_000}, {"rings", 100}} {
+		t.Run(tc.name, func(t *testing.T) {
+			tbl := mustTable(t, DefaultSpecs, Options{})
+			out := make([]Agg, 4)
+			now := int64(1_800_000_000_000)
+			for range 3 * 86_400_000 / tc.step { // three days: every window full, storage settled
+				now += tc.step
+				if _, _, err := tbl.Apply("card", now, now%1000, out); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if isRings := tbl.slab[tbl.slotOf("card")].rings != nil; isRings != (tc.step < 1000) {
+				t.Fatalf("entity shape rings=%v, not the one under test", isRings)
+			}
+			allocs := testing.AllocsPerRun(1000, func() {
+				now += tc.step
+				if _, _, err := tbl.Apply("card", now, now%1000, out); err != nil {
+					t.Fatal(err)
+				}
+			})
+			if allocs != 0 {
+				t.Fatalf("%v allocations per event, want 0", allocs)
+			}
+		})
+	}
+}
