@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -161,27 +162,33 @@ type streamEvent struct {
 // genStream makes a stream with the shapes that broke or could break the engine:
 // several entities, bursts (beyond the raw→ring switch), equal timestamps, gaps longer
 // than every window, and older events both inside and beyond retention.
-func genStream(r *rand.Rand, n int, maxW int64, nEnt int) []streamEvent {
+func genStream(r *rand.Rand, n int, minW, maxW int64, nEnt int) []streamEvent {
 	var out []streamEvent
 	now := int64(r.IntN(100000)) + 1_700_000_000_000
+	// Steps are drawn on two scales so that both the finest and the widest window
+	// see several events at once, and windows empty out.
+	step := func() int64 {
+		scale := []int64{minW/8 + 1, maxW/16 + 1}[r.IntN(2)]
+		return int64(r.Int64N(scale))
+	}
 	for len(out) < n {
 		id := fmt.Sprintf("e%d", r.IntN(nEnt))
 		switch p := r.IntN(100); {
 		case p < 3: // gap longer than every window
-			now += maxW + int64(r.IntN(int(maxW)))
-		case p < 8: // burst on one entity
+			now += maxW + r.Int64N(maxW)
+		case p < 8: // burst on one entity, past the raw→ring switch
 			for range 20 + r.IntN(60) {
-				now += int64(r.IntN(300))
+				now += r.Int64N(minW/20 + 1)
 				out = append(out, streamEvent{id, now, int64(r.IntN(1000))})
 			}
 			continue
 		case p < 20: // older event, often within retention, sometimes not
-			back := int64(r.IntN(int(maxW) + int(maxW)/4))
+			back := r.Int64N(maxW + maxW/4 + 1)
 			out = append(out, streamEvent{id, now - back, int64(r.IntN(1000))})
 			continue
 		case p < 30: // equal timestamp
 		default:
-			now += int64(r.IntN(3000))
+			now += step()
 		}
 		out = append(out, streamEvent{id, now, int64(r.IntN(1000))})
 	}
@@ -205,16 +212,16 @@ func TestEngineMatchesOracle(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var maxW int64
+		minW, maxW := int64(math.MaxInt64), int64(0)
 		for _, sp := range specs {
-			maxW = max(maxW, sp.WindowMs)
+			minW, maxW = min(minW, sp.WindowMs), max(maxW, sp.WindowMs)
 		}
 		for oi, opts := range optSets {
 			for seed := range seeds {
 				name := fmt.Sprintf("%s/opts%d/seed%d", ss, oi, seed)
 				t.Run(name, func(t *testing.T) {
 					r := rand.New(rand.NewPCG(uint64(seed), uint64(oi)))
-					runOracle(t, r, specs, opts, genStream(r, 1500, maxW, 2+r.IntN(6)))
+					runOracle(t, r, specs, opts, genStream(r, 1500, minW, maxW, 2+r.IntN(6)))
 				})
 			}
 		}
@@ -301,5 +308,39 @@ func compareTable(t *testing.T, tbl *Table, or *oracle) {
 	})
 	if seen != len(or.ents) {
 		t.Fatalf("Range visited %d, want %d", seen, len(or.ents))
+	}
+}
+
+// TestEngineMatchesOracleRandomSpecs varies the windows themselves: odd bucket
+// widths, single-bucket windows, windows that do not nest, N up to 64.
+func TestEngineMatchesOracleRandomSpecs(t *testing.T) {
+	seeds := 40
+	if testing.Short() {
+		seeds = 5
+	}
+	widths := []int64{1, 3, 7, 10, 250, 1000, 1300}
+	for seed := range seeds {
+		r := rand.New(rand.NewPCG(uint64(seed), 77))
+		var specs []Spec
+		seen := map[int64]bool{}
+		for range 1 + r.IntN(4) {
+			b := widths[r.IntN(len(widths))]
+			sp, err := NewSpec(b*int64(1+r.IntN(64)), b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !seen[sp.WindowMs] {
+				seen[sp.WindowMs] = true
+				specs = append(specs, sp)
+			}
+		}
+		minW, maxW := int64(math.MaxInt64), int64(0)
+		for _, sp := range specs {
+			minW, maxW = min(minW, sp.WindowMs), max(maxW, sp.WindowMs)
+		}
+		opts := Options{MaxEntities: r.IntN(4), HistoryTTLMs: int64(r.IntN(3)) * maxW}
+		t.Run(fmt.Sprintf("%s/seed%d", FormatSpecs(specs), seed), func(t *testing.T) {
+			runOracle(t, r, specs, opts, genStream(r, 1500, minW, maxW, 2+r.IntN(6)))
+		})
 	}
 }

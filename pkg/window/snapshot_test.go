@@ -148,7 +148,7 @@ func FuzzRestoreTable(f *testing.F) {
 	empty := mustTable(f, "10s:1s,1m:10s", Options{})
 	f.Add(empty.AppendSnapshot(nil))
 	r := rand.New(rand.NewPCG(1, 2))
-	for _, ev := range genStream(r, 300, 60_000, 4) {
+	for _, ev := range genStream(r, 300, 10_000, 60_000, 4) {
 		empty.Apply(ev.id, ev.t, ev.a, make([]Agg, 2))
 	}
 	f.Add(empty.AppendSnapshot(nil))
