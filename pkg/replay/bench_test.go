@@ -11,7 +11,7 @@ import (
 )
 
 // benchOutputs are features records as the default windows give them.
-func benchOutputs(b *testing.B, n int) ([]pipeline.Output, []window.Spec) {
+func benchOutputs(b testing.TB, n int) ([]pipeline.Output, []window.Spec) {
 	specs, err := window.ParseSpecs(window.DefaultSpecs)
 	if err != nil {
 		b.Fatal(err)

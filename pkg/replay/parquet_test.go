@@ -4,14 +4,18 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/parquet-go/parquet-go"
+
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 )
 
 // examplesParquet replays the EXAMPLES stream to a Parquet file and returns its
@@ -222,5 +226,89 @@ func TestParquetPyarrowReadsIt(t *testing.T) {
 				t.Errorf("row %d column %s: pyarrow %v (%T), want %v", i, col, gv, gv, wv)
 			}
 		}
+	}
+}
+
+// TestParquetSinkManyRowGroups writes more rows than a batch and a row group
+// hold, and reads every row back with parquet-go, then the totals with
+// pyarrow when it is available: batches and row groups must join without
+// losing, repeating or reordering a row.
+func TestParquetSinkManyRowGroups(t *testing.T) {
+	const n = 10_000
+	outs, specs := benchOutputs(t, n)
+	path := filepath.Join(t.TempDir(), "many.parquet")
+	s, err := newParquetSink(path, specs, 3000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range outs {
+		if err := s.Write(&outs[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Commit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	st, _ := f.Stat()
+	pf, err := parquet.OpenFile(f, st.Size())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Row groups are cut at the first batch boundary past 3000 rows.
+	if got := len(pf.RowGroups()); got != 4 || pf.NumRows() != n {
+		t.Fatalf("%d row groups, %d rows; want 4 and %d", got, pf.NumRows(), n)
+	}
+	type row struct {
+		EventID  string `parquet:"event_id"`
+		Count1m  int64  `parquet:"count_1m"`
+		Max24h   int64  `parquet:"max_minor_24h"`
+		MsPrev   *int64 `parquet:"ms_since_previous"`
+		Offset   int64  `parquet:"source_offset"`
+		Topic    string `parquet:"source_topic"`
+		EntityID string `parquet:"entity_id"`
+	}
+	rows, err := parquet.Read[row](f, st.Size())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range rows {
+		want, err := codec.DecodeFeatures(outs[i].Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msPrev := (*int64)(nil)
+		if want.HasPrevious {
+			msPrev = &want.MsSincePrevious
+		}
+		if r.EventID != want.EventID || r.EntityID != want.EntityID || r.Count1m != want.Windows[0].Count || r.Max24h != want.Windows[3].MaxMinor ||
+			r.Offset != want.SourceOffset || r.Topic != want.SourceTopic || (r.MsPrev == nil) != (msPrev == nil) || (r.MsPrev != nil && *r.MsPrev != *msPrev) {
+			t.Fatalf("row %d: %+v, want %+v", i, r, want)
+		}
+	}
+
+	if exec.Command("python3", "-c", "import pyarrow.parquet").Run() != nil {
+		return // TestParquetPyarrowReadsIt reports a missing pyarrow
+	}
+	out, err := exec.Command("python3", "-c", `
+import sys, pyarrow.parquet as pq, pyarrow.compute as pc
+f = pq.ParquetFile(sys.argv[1]); t = f.read()
+print(f.num_row_groups, t.num_rows, pc.sum(t["source_offset"]).as_py(), t["ms_since_previous"].null_count)`, path).Output()
+	if err != nil {
+		t.Fatalf("pyarrow: %v", err)
+	}
+	wantSum, wantNulls := 0, 0
+	for i := range n {
+		wantSum += i
+		if i%3 == 0 {
+			wantNulls++
+		}
+	}
+	if got, want := strings.TrimSpace(string(out)), fmt.Sprintf("4 %d %d %d", n, wantSum, wantNulls); got != want {
+		t.Errorf("pyarrow: row groups, rows, sum of offsets, null ms_since_previous = %s, want %s", got, want)
 	}
 }
