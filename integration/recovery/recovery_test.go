@@ -192,11 +192,18 @@ func (in *instance) kill(sig syscall.Signal) {
 		return
 	}
 	_ = cmd.Process.Signal(sig)
+	start := time.Now()
 	select {
 	case <-exited:
-	case <-time.After(90 * time.Second):
+	case <-time.After(30 * time.Second):
+		// A graceful shutdown checkpoints every partition and leaves the
+		// group; it must not take this long.
+		in.t.Errorf("%s: still running 30s after %v; SIGKILLed (log %s)", in.logs, sig, in.logs)
 		_ = cmd.Process.Kill()
 		<-exited
+	}
+	if d := time.Since(start); sig == syscall.SIGTERM && d > 5*time.Second {
+		in.t.Logf("%s: graceful shutdown took %s", filepath.Base(in.logs), d.Round(time.Millisecond))
 	}
 	in.mu.Lock()
 	in.cmd = nil
@@ -330,6 +337,7 @@ func TestRecoveryUnderCrashesAndRebalance(t *testing.T) {
 	}
 	close(stopKilling)
 	wg.Wait()
+	t.Logf("kills done: sigkill %d, exactly-once %d", crash.kills.Load(), eos.kills.Load())
 	for _, sc := range []*scenario{crash, eos} {
 		for _, in := range sc.instances {
 			if !in.running() {
