@@ -323,3 +323,42 @@ func reportCPU(b *testing.B, cpu0 int64) {
 		b.ReportMetric(float64(cpuNanos()-cpu0)/float64(b.N), "cpu-ns/op")
 	}
 }
+
+var snapTable struct {
+	once sync.Once
+	tbl  *Table
+	snap []byte
+}
+
+// BenchmarkSnapshot1M: AppendSnapshot and RestoreTable of a 1 M-entity table (3
+// events each, raw lists), what pkg/checkpoint pays per partition per checkpoint.
+func BenchmarkSnapshot1M(b *testing.B) {
+	snapTable.once.Do(func() {
+		tbl := mustTable(b, DefaultSpecs, Options{})
+		out := make([]Agg, 4)
+		for i := range millionEntities {
+			id := fmt.Sprintf("card-%07d", i)
+			for k := range int64(3) {
+				tbl.Apply(id, 1_800_000_000_000+int64(i)+k*600_000, int64(i%1000), out)
+			}
+		}
+		snapTable.tbl, snapTable.snap = tbl, tbl.AppendSnapshot(nil)
+	})
+	b.Run("Append", func(b *testing.B) {
+		buf := make([]byte, 0, len(snapTable.snap))
+		b.SetBytes(int64(len(snapTable.snap)))
+		b.ReportAllocs()
+		for b.Loop() {
+			buf = snapTable.tbl.AppendSnapshot(buf[:0])
+		}
+	})
+	b.Run("Restore", func(b *testing.B) {
+		b.SetBytes(int64(len(snapTable.snap)))
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := RestoreTable(snapTable.tbl.Specs(), Options{}, snapTable.snap); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"unsafe"
 )
 
 // Snapshot format, version 1 (all integers varint/uvarint unless noted):
@@ -227,7 +228,10 @@ func (t *Table) decodeEntity(d *decoder) error {
 	if d.err == nil && (idLen == 0 || idLen > 1<<20) {
 		return fmt.Errorf("entity id length %d out of range", idLen)
 	}
-	id := string(d.bytes(idLen))
+	// id aliases the input until the entity takes its own copy below (reallocRaw for
+	// raw entities, strings.Clone otherwise): one allocation per entity fewer.
+	idb := d.bytes(idLen)
+	id := unsafe.String(unsafe.SliceData(idb), len(idb))
 	e := entity{id: id, newest: d.varint(), prevT: d.varint()}
 	shape := d.byte()
 	if d.err != nil {
@@ -241,14 +245,16 @@ func (t *Table) decodeEntity(d *decoder) error {
 	}
 	switch shape {
 	case 0:
+		e.id = strings.Clone(id)
 	case 1:
-		if err := t.decodeRaw(d, &e); err != nil {
+		if err := t.decodeRaw(d, &e); err != nil { // copies the id with the events
 			return fmt.Errorf("entity %q: %w", id, err)
 		}
 	case 2:
 		if err := t.decodeRings(d, &e); err != nil {
 			return fmt.Errorf("entity %q: %w", id, err)
 		}
+		e.id = strings.Clone(id)
 	default:
 		return fmt.Errorf("entity %q: unknown shape %d", id, shape)
 	}
