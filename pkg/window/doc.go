@@ -18,7 +18,7 @@
 //
 // Memory follows activity, not window length. An entity starts as a short sorted
 // list of raw (time, amount) events, 16 bytes each, from which all windows are
-// computed by one backwards scan; only once it holds more than a few dozen retained
+// computed by one pass over them; only once it holds more than 32 retained
 // events does it switch to one sparse ring per window holding just the non-empty
 // buckets with running totals, which is O(1) per in-order event. An entity whose
 // windows have all emptied relative to the watermark shrinks to a header (id, newest
