@@ -94,12 +94,24 @@ var (
 // Encode frames a snapshot.
 func Encode(snap Snapshot) []byte {
 	b := make([]byte, 0, frameHeader+len(snap.State)+frameTrailer)
+	b = appendHeader(b, snap)
+	b = append(b, snap.State...)
+	return binary.BigEndian.AppendUint32(b, crcOf(b))
+}
+
+// frameParts returns Encode's output as three pieces (header, the state
+// itself, trailer), so that a writer can send a large state without copying it.
+func frameParts(snap Snapshot) (header, state, trailer []byte) {
+	header = appendHeader(make([]byte, 0, frameHeader), snap)
+	sum := crc32.Update(crcOf(header), castagnoli, snap.State)
+	return header, snap.State, binary.BigEndian.AppendUint32(nil, sum)
+}
+
+func appendHeader(b []byte, snap Snapshot) []byte {
 	b = append(b, frameMagic[:]...)
 	b = binary.BigEndian.AppendUint16(b, frameVersion)
 	b = binary.BigEndian.AppendUint64(b, uint64(snap.Next))
-	b = binary.BigEndian.AppendUint64(b, uint64(len(snap.State)))
-	b = append(b, snap.State...)
-	return binary.BigEndian.AppendUint32(b, crcOf(b))
+	return binary.BigEndian.AppendUint64(b, uint64(len(snap.State)))
 }
 
 // Decode checks and unwraps a frame made by Encode. The returned State aliases b.

@@ -24,6 +24,10 @@ func TestFrameRoundTrip(t *testing.T) {
 			if want := frameHeader + len(tc.snap.State) + frameTrailer; len(b) != want {
 				t.Fatalf("frame is %d bytes, want %d", len(b), want)
 			}
+			h, st, tr := frameParts(tc.snap)
+			if parts := append(append(append([]byte(nil), h...), st...), tr...); !bytes.Equal(parts, b) {
+				t.Fatalf("frameParts differs from Encode")
+			}
 			got, err := Decode(b)
 			if err != nil {
 				t.Fatalf("Decode: %v", err)

@@ -45,7 +45,8 @@ func (s *FileStore) Save(_ context.Context, key Key, snap Snapshot) error {
 		return fmt.Errorf("save snapshot %s: %w", key, err)
 	}
 	tmp := cur + ".tmp"
-	if err := writeSync(tmp, Encode(snap)); err != nil {
+	h, st, tr := frameParts(snap)
+	if err := writeSync(tmp, h, st, tr); err != nil {
 		return fmt.Errorf("save snapshot %s: %w", key, err)
 	}
 	// Keep the previous snapshot: if the new one is ever found corrupt, Load
@@ -62,14 +63,18 @@ func (s *FileStore) Save(_ context.Context, key Key, snap Snapshot) error {
 	return nil
 }
 
-func writeSync(path string, data []byte) error {
+// writeSync writes the parts to path and fsyncs it. The parts are written as
+// they are (no concatenated copy: a state can be a hundred megabytes).
+func writeSync(path string, parts ...[]byte) error {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
 	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
+	for _, data := range parts {
+		if _, err := f.Write(data); err != nil {
+			f.Close()
+			return err
+		}
 	}
 	if err := f.Sync(); err != nil {
 		f.Close()
