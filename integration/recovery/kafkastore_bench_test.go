@@ -1,0 +1,60 @@
+//go:build integration
+
+package recovery
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/velocity-consumer/velocity-consumer/integration/kafkatest"
+	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
+)
+
+// BenchmarkKafkaStore125MB saves and loads a 125 MB state (the size of the
+// 1 M-entity snapshot in pkg/checkpoint's benchmarks) through the kafka store
+// on the real broker. The payload is random bytes: incompressible, so lz4
+// does not flatter the numbers.
+func BenchmarkKafkaStore125MB(b *testing.B) {
+	addr := kafkatest.Broker(b)
+	topic := kafkatest.Name(b, "snap")
+	ctx := context.Background()
+	st, err := checkpoint.NewKafkaStore(ctx, checkpoint.KafkaConfig{Brokers: kafkatest.Seeds(addr), Topic: topic})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	b.Cleanup(func() {
+		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, _ = kafkatest.Admin(b, addr).DeleteTopic(c, topic)
+	})
+	state := make([]byte, 125_500_000)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i+8 <= len(state); i += 8 {
+		v := rng.Uint64()
+		for j := range 8 {
+			state[i+j] = byte(v >> (8 * j))
+		}
+	}
+	key := checkpoint.Key{Group: "bench", Topic: "transactions", Partition: 0}
+	var save, load time.Duration
+	b.SetBytes(int64(len(state)))
+	for i := 0; b.Loop(); i++ {
+		t0 := time.Now()
+		if err := st.Save(ctx, key, checkpoint.Snapshot{Next: int64(i), State: state}); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		l, err := st.Load(ctx, key)
+		if err != nil || l.Next != int64(i) || len(l.State) != len(state) {
+			b.Fatalf("load: next %d, %d bytes, %v", l.Next, len(l.State), err)
+		}
+		save += t1.Sub(t0)
+		load += time.Since(t1)
+	}
+	b.ReportMetric(save.Seconds()/float64(b.N), "s/save")
+	b.ReportMetric(load.Seconds()/float64(b.N), "s/load")
+	b.Logf("chunk size %d bytes", st.ChunkBytes())
+}
