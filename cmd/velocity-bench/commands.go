@@ -126,8 +126,12 @@ func cmdCompare(ctx context.Context, args []string) error {
 	var all []Result
 	record := func(res Result) {
 		all = append(all, res)
-		b, _ := json.Marshal(res)
-		_, _ = f.Write(append(b, '\n'))
+		b, err := json.Marshal(res)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "velocity-bench: result not recorded: %v\n", err)
+		} else {
+			_, _ = f.Write(append(b, '\n'))
+		}
 		fmt.Fprintln(os.Stderr, describe(res))
 	}
 	for round := 1; round <= *rounds; round++ {
@@ -206,6 +210,9 @@ func cmdSummarize(_ context.Context, args []string) error {
 		sc := bufio.NewScanner(f)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for line := 1; sc.Scan(); line++ {
+			if len(sc.Bytes()) == 0 {
+				continue // an early version wrote an empty line for a result it could not encode
+			}
 			var r Result
 			if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 				f.Close()

@@ -75,7 +75,8 @@ func ratio(runs []Result, mode, ours, peer string, entities, rate int, f func(Re
 func Report(all []Result) string {
 	var groups []*group
 	index := map[string]*group{}
-	var procs []string
+	// Processors per mode: a latency peer is compared with an ours that has latency runs.
+	procs := map[string][]string{}
 	seenProc := map[string]bool{}
 	failed := 0
 	for _, r := range all {
@@ -83,9 +84,9 @@ func Report(all []Result) string {
 			failed++
 			continue
 		}
-		if !seenProc[r.Processor] {
-			seenProc[r.Processor] = true
-			procs = append(procs, r.Processor)
+		if !seenProc[r.Mode+"|"+r.Processor] {
+			seenProc[r.Mode+"|"+r.Processor] = true
+			procs[r.Mode] = append(procs[r.Mode], r.Processor)
 		}
 		k := fmt.Sprintf("%s|%s|%d|%d", r.Mode, r.Processor, r.Entities, r.Rate)
 		g := index[k]
@@ -112,7 +113,7 @@ func Report(all []Result) string {
 		}
 		ref, rt, rr, rc := "", math.NaN(), math.NaN(), math.NaN()
 		if !strings.HasPrefix(g.proc, "ours") {
-			ref = refFor(g.proc, procs)
+			ref = refFor(g.proc, procs[g.mode])
 			rt = ratio(all, g.mode, ref, g.proc, g.entities, g.rate, func(r Result) float64 { return r.EventsPerSec })
 			rr = ratio(all, g.mode, ref, g.proc, g.entities, g.rate, func(r Result) float64 { return r.PeakRSSMiB })
 			rc = ratio(all, g.mode, ref, g.proc, g.entities, g.rate, func(r Result) float64 { return r.CPUSecPerMEvt })
@@ -139,7 +140,7 @@ func Report(all []Result) string {
 		}
 		ref, rp, rr := "", math.NaN(), math.NaN()
 		if !strings.HasPrefix(g.proc, "ours") {
-			ref = refFor(g.proc, procs)
+			ref = refFor(g.proc, procs[g.mode])
 			rp = ratio(all, g.mode, ref, g.proc, g.entities, g.rate, func(r Result) float64 { return r.P99Ms })
 			rr = ratio(all, g.mode, ref, g.proc, g.entities, g.rate, func(r Result) float64 { return r.PeakRSSMiB })
 		}

@@ -212,9 +212,9 @@ func (r *runner) measure(ctx context.Context, res *Result, p ProcSpec, input, ou
 		res.P99Ms = Percentile(sr.Latencies, 0.99)
 		res.P999Ms = Percentile(sr.Latencies, 0.999)
 		res.MaxMs = float64(sr.Latencies[len(sr.Latencies)-1])
-	} else {
-		res.P50Ms, res.P99Ms, res.P999Ms, res.MaxMs = math.NaN(), math.NaN(), math.NaN(), math.NaN()
 	}
+	// No samples leaves the latency fields at zero (JSON has no NaN); LatencySamples
+	// tells a zero latency from none.
 }
 
 // waitOutputs polls the end offsets of output and dlq every 20 ms until they hold want
