@@ -131,13 +131,16 @@ func NewKafkaStore(ctx context.Context, cfg KafkaConfig) (*KafkaStore, error) {
 }
 
 func (s *KafkaStore) ensureTopic(ctx context.Context, partitions int32) error {
+	// Every Save rewrites the whole snapshot, and superseded chunks only leave
+	// the disk once their segment has rolled and been cleaned, so segments
+	// roll early and the cleaner runs on a small dirty ratio. Tombstones need
+	// not linger: a loader looks chunks up by exact key and never needs to
+	// see a delete.
 	configs := map[string]*string{
-		"cleanup.policy": kadm.StringPtr("compact"),
-		// Let the cleaner reclaim superseded manifests and tombstoned chunks
-		// soon: a loader reads the whole manifest partition.
+		"cleanup.policy":            kadm.StringPtr("compact"),
 		"min.cleanable.dirty.ratio": kadm.StringPtr("0.1"),
-		"segment.ms":                kadm.StringPtr(strconv.Itoa(int((time.Hour).Milliseconds()))),
-		"delete.retention.ms":       kadm.StringPtr(strconv.Itoa(int((time.Hour).Milliseconds()))),
+		"segment.ms":                kadm.StringPtr(strconv.Itoa(int((10 * time.Minute).Milliseconds()))),
+		"delete.retention.ms":       kadm.StringPtr(strconv.Itoa(int(time.Minute.Milliseconds()))),
 	}
 	resp, err := s.adm.CreateTopic(ctx, partitions, -1, configs, s.topic)
 	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
