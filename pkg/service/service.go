@@ -82,7 +82,21 @@ type Config struct {
 	// Host goes into the velocity.host header of features records.
 	Host string
 
-	// ClientOpts are extra franz-go options for both clients (TLS, SASL, logging).
+	// Decoder, if set, decodes input values instead of the one built from
+	// WriterSchema: the schema-registry decoder of pkg/registry. If it also
+	// implements codec.Preparer, each partition prepares every record before
+	// processing it and, while Prepare fails (registry down), holds that
+	// record and everything after it, pauses fetching and retries with
+	// backoff: nothing is dead-lettered for an outage (worker.go).
+	Decoder codec.Decoder
+	// FeaturesValuePrefix is written before every features value: the
+	// Confluent wire-format prefix (magic byte, schema id) of our registered
+	// output schema. Nil writes plain Avro.
+	FeaturesValuePrefix []byte
+
+	// ClientOpts are extra franz-go options for every client the service
+	// makes: producer, consumer, transactional producers, warm-up readers
+	// (TLS, SASL, logging).
 	ClientOpts []kgo.Opt
 	// Observe, if set, is called on each partition goroutine for every output
 	// (the demo's live view). It must be quick and must not keep the Output.
@@ -135,9 +149,12 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Service, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	dec, err := codec.NewDecoder(cfg.WriterSchema, cfg.Limits)
-	if err != nil {
-		return nil, fmt.Errorf("service: writer schema: %w", err)
+	dec := cfg.Decoder
+	if dec == nil {
+		var err error
+		if dec, err = codec.NewDecoder(cfg.WriterSchema, cfg.Limits); err != nil {
+			return nil, fmt.Errorf("service: writer schema: %w", err)
+		}
 	}
 	return &Service{cfg: cfg, log: log, m: m, dec: dec, workers: make(map[int32]*worker)}, nil
 }
@@ -178,7 +195,7 @@ func (s *Service) Run(ctx context.Context) error {
 		return fmt.Errorf("create producer: %w", err)
 	}
 	defer s.prod.Close()
-	s.sink = sink.New(s.prod, s.cfg.OutputTopic, s.cfg.DLQTopic, s.cfg.Host)
+	s.sink = sink.New(s.prod, s.cfg.OutputTopic, s.cfg.DLQTopic, s.cfg.Host).WithFeaturesPrefix(s.cfg.FeaturesValuePrefix)
 
 	copts := append([]kgo.Opt{
 		kgo.SeedBrokers(s.cfg.Brokers...),

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/metrics"
 	"github.com/velocity-consumer/velocity-consumer/pkg/pipeline"
 	"github.com/velocity-consumer/velocity-consumer/pkg/sink"
@@ -42,6 +43,17 @@ type worker struct {
 	wantPause atomic.Bool
 	emitFn    func(*pipeline.Output)
 
+	// held are records waiting for the decoder's Prepare (the schema registry
+	// was unreachable): the first could not be prepared, the rest arrived
+	// after it and may not overtake it. Fetching stays paused while any are
+	// held; the tick retries them at retryAt, with backoff doubling to
+	// maxHoldBackoff. Nothing held has been processed, so a checkpoint taken
+	// meanwhile covers exactly the records before them.
+	held     []*kgo.Record
+	retryAt  time.Time
+	backoff  time.Duration
+	holdErrs int
+
 	lastNext  int64 // next offset at the last checkpoint
 	dirty     bool  // state changed since the last checkpoint
 	snapBuf   []byte
@@ -65,7 +77,7 @@ func (s *Service) startWorker(p int32, proc *pipeline.Processor, txn *kgo.Client
 	}
 	snk := s.sink
 	if txn != nil {
-		snk = sink.New(txn, s.cfg.OutputTopic, s.cfg.DLQTopic, s.cfg.Host)
+		snk = sink.New(txn, s.cfg.OutputTopic, s.cfg.DLQTopic, s.cfg.Host).WithFeaturesPrefix(s.cfg.FeaturesValuePrefix)
 	}
 	w.tracker = snk.NewTracker(func(arrival int64) {
 		s.m.Latency.Observe(float64(time.Now().UnixNano()-arrival) / 1e9)
@@ -95,7 +107,13 @@ func (w *worker) run() {
 		case b := <-w.in:
 			w.process(b)
 		case <-tick.C:
-			w.proc.Tick(w.emitFn)
+			if len(w.held) > 0 {
+				// A partition held for the registry is not idle: do not let
+				// the idle timeout release its reorder buffer meanwhile.
+				w.retryHeld()
+			} else {
+				w.proc.Tick(w.emitFn)
+			}
 			if time.Since(lastCheckpoint) >= w.s.cfg.CheckpointInterval {
 				lastCheckpoint = time.Now()
 				if err := w.checkpoint(); err != nil {
@@ -147,23 +165,77 @@ func (w *worker) tickEvery() time.Duration {
 }
 
 func (w *worker) process(b batch) {
-	for _, r := range b.records {
+	records := b.records
+	if len(w.held) > 0 {
+		w.held = append(w.held, records...)
+		records = nil
+	}
+	prep, _ := w.s.dec.(codec.Preparer)
+	for i, r := range records {
+		if prep != nil {
+			if err := w.prepare(prep, r.Value); err != nil {
+				w.hold(records[i:], err)
+				records = records[:i]
+				break
+			}
+		}
 		w.proc.Process(pipeline.Record{
 			Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
 			Key: r.Key, Value: r.Value, Arrival: time.Now().UnixNano(),
 		}, w.emitFn)
 	}
-	w.dirty = true
-	w.recordsIn.Add(float64(len(b.records)))
+	if len(w.held) == 0 && w.backoff > 0 {
+		w.s.log.Info("schema registry answers again: partition resumes", zap.Int32("partition", w.part),
+			zap.Int("failed_attempts", w.holdErrs))
+		w.backoff, w.holdErrs = 0, 0
+	}
+	w.dirty = w.dirty || len(records) > 0
+	w.recordsIn.Add(float64(len(records)))
 	if b.hwm >= 0 {
 		w.s.m.ConsumerLag.WithLabelValues(w.label).Set(float64(max(b.hwm-w.proc.Next(), 0)))
 	}
-	pressure := w.proc.Pressure() || w.tracker.PendingBytes() > w.s.cfg.MaxPendingProduceBytes
+	pressure := len(w.held) > 0 || w.proc.Pressure() || w.tracker.PendingBytes() > w.s.cfg.MaxPendingProduceBytes
 	if !pressure && w.wantPause.Load() {
 		// Resume only once produce bytes are back under half the bound.
 		pressure = w.tracker.PendingBytes() > w.s.cfg.MaxPendingProduceBytes/2
 	}
 	w.wantPause.Store(pressure)
+}
+
+// maxHoldBackoff caps the wait between two attempts to prepare a held record.
+const maxHoldBackoff = 10 * time.Second
+
+// prepare runs the decoder's Prepare with a deadline, so that a registry that
+// accepts connections and never answers cannot freeze the partition's
+// checkpoints and shutdown for longer than one attempt.
+func (w *worker) prepare(p codec.Preparer, value []byte) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return p.Prepare(ctx, value)
+}
+
+// hold keeps records, the first of which could not be prepared, for a later
+// attempt.
+func (w *worker) hold(records []*kgo.Record, err error) {
+	w.held = append(w.held[:0:0], records...)
+	w.backoff = min(max(2*w.backoff, 200*time.Millisecond), maxHoldBackoff)
+	w.retryAt = time.Now().Add(w.backoff)
+	w.holdErrs++
+	if w.holdErrs == 1 || w.backoff == maxHoldBackoff {
+		w.s.log.Warn("cannot decode: waiting for the schema registry; nothing is dead-lettered meanwhile",
+			zap.Int32("partition", w.part), zap.Int64("offset", records[0].Offset),
+			zap.Int("held_records", len(records)), zap.Duration("retry_in", w.backoff), zap.Error(err))
+	}
+}
+
+// retryHeld processes the held records again once their backoff has passed.
+func (w *worker) retryHeld() {
+	if time.Now().Before(w.retryAt) {
+		return
+	}
+	held := w.held
+	w.held = nil
+	w.process(batch{records: held, hwm: -1})
 }
 
 func (w *worker) emit(o *pipeline.Output) {

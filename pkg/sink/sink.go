@@ -35,6 +35,7 @@ type Sink struct {
 	outputTopic string
 	dlqTopic    string
 	host        []byte
+	prefix      []byte // written before every features value; see WithFeaturesPrefix
 	recs        sync.Pool
 }
 
@@ -43,6 +44,15 @@ type Sink struct {
 func New(prod Producer, outputTopic, dlqTopic, host string) *Sink {
 	s := &Sink{prod: prod, outputTopic: outputTopic, dlqTopic: dlqTopic, host: []byte(host)}
 	s.recs.New = func() any { return new(kgo.Record) }
+	return s
+}
+
+// WithFeaturesPrefix makes every features value start with prefix (the
+// Confluent wire-format magic byte and schema id when a schema registry is
+// configured) and returns s. Dead letters keep the source bytes unchanged.
+// Call it before the first Features.
+func (s *Sink) WithFeaturesPrefix(prefix []byte) *Sink {
+	s.prefix = append([]byte(nil), prefix...)
 	return s
 }
 
@@ -101,13 +111,30 @@ func (t *Tracker) copyBytes(b []byte) []byte {
 	return t.arena[at:len(t.arena):len(t.arena)]
 }
 
+// copyPrefixed is copyBytes of prefix followed by b, in one piece of the arena.
+func (t *Tracker) copyPrefixed(prefix, b []byte) []byte {
+	if len(prefix) == 0 {
+		return t.copyBytes(b)
+	}
+	n := len(prefix) + len(b)
+	if n > arenaChunk/4 {
+		return append(append(make([]byte, 0, n), prefix...), b...)
+	}
+	if cap(t.arena)-len(t.arena) < n {
+		t.arena = make([]byte, 0, arenaChunk)
+	}
+	at := len(t.arena)
+	t.arena = append(append(t.arena, prefix...), b...)
+	return t.arena[at:len(t.arena):len(t.arena)]
+}
+
 // Features produces one features record. key and value are copied.
 func (t *Tracker) Features(key, value []byte, arrival int64) {
 	r := t.sink.recs.Get().(*kgo.Record)
 	*r = kgo.Record{
 		Topic: t.sink.outputTopic,
 		Key:   t.copyBytes(key),
-		Value: t.copyBytes(value),
+		Value: t.copyPrefixed(t.sink.prefix, value),
 		Headers: []kgo.RecordHeader{
 			{Key: HeaderEmittedAt, Value: strconv.AppendInt(nil, time.Now().UnixMilli(), 10)},
 			{Key: HeaderHost, Value: t.sink.host},

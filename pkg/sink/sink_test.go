@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"sync"
@@ -140,4 +141,33 @@ func TestFlushTimesOut(t *testing.T) {
 		t.Fatalf("Flush() = %v, want ErrFlushTimeout", err)
 	}
 	fp.settle(nil)
+}
+
+func TestFeaturesPrefix(t *testing.T) {
+	big := bytes.Repeat([]byte{7}, arenaChunk) // past the arena: its own allocation
+	for _, tc := range []struct {
+		name          string
+		prefix, value []byte
+	}{
+		{"no prefix writes the value alone", nil, []byte{1, 2, 3}},
+		{"wire-format prefix before a small value", []byte{0, 0, 0, 0, 42}, []byte{1, 2, 3}},
+		{"prefix before a value larger than the arena", []byte{0, 0, 0, 1, 0}, big},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fp := &fakeProducer{}
+			tr := New(fp, "out", "dlq", "h").WithFeaturesPrefix(tc.prefix).NewTracker(nil)
+			value := append([]byte(nil), tc.value...)
+			tr.Features([]byte("e"), value, 0)
+			tr.Dead(DeadLetter{Value: []byte{9}, Reason: codec.ReasonDecode, SourceTopic: "tx"})
+			value[0] = 0xee // the tracker must have copied it
+			fp.settle(nil)
+			want := append(append([]byte(nil), tc.prefix...), tc.value...)
+			if !bytes.Equal(fp.got[0].Value, want) {
+				t.Errorf("features value starts %x, want %x", fp.got[0].Value[:min(8, len(fp.got[0].Value))], want[:min(8, len(want))])
+			}
+			if !bytes.Equal(fp.got[1].Value, []byte{9}) {
+				t.Errorf("dead letter value %x: the prefix must not touch source bytes", fp.got[1].Value)
+			}
+		})
+	}
 }
