@@ -1,7 +1,6 @@
 package replay
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -12,17 +11,32 @@ import (
 // written. A file under its final name is complete; a .partial one never is.
 const PartialSuffix = ".partial"
 
+// fileChunk is how much an atomicFile buffers before handing bytes to its
+// writing goroutine.
+const fileChunk = 1 << 20
+
 // atomicFile writes NAME.partial and renames it to NAME on commit.
 //
 // Invariant: NAME appears only after every byte was written and fsynced, and
 // the rename is the last step, so a crash or Ctrl-C at any point leaves either
 // the previous NAME (or none) or a complete new one, never a truncated file
 // under the final name.
+//
+// The write(2) calls run on a goroutine of the file, two 1 MiB buffers
+// taking turns, so that copying a JSON-lines output (hundreds of bytes per
+// record) into the page cache overlaps with computing the next records.
+// Write must be called from one goroutine at a time.
 type atomicFile struct {
 	name string
 	f    *os.File
-	w    *bufio.Writer
-	done bool
+	buf  []byte      // being filled by Write
+	free chan []byte // empty buffers back from the writer
+	full chan []byte // buffers for the writer, in order
+	errc chan error  // the writer's first error, for Write to fail fast
+	done chan struct{}
+	err  error // the writer's first error; read after done
+	shut bool  // full is closed
+	gone bool  // committed or aborted
 }
 
 func createAtomic(name string) (*atomicFile, error) {
@@ -30,20 +44,68 @@ func createAtomic(name string) (*atomicFile, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create output: %w", err)
 	}
-	return &atomicFile{name: name, f: f, w: bufio.NewWriterSize(f, 1<<20)}, nil
+	// Each channel can hold both buffers, so neither side ever waits for
+	// the other to take one back (stop hands over the last one and closes).
+	a := &atomicFile{
+		name: name, f: f, buf: make([]byte, 0, fileChunk),
+		free: make(chan []byte, 2), full: make(chan []byte, 2),
+		errc: make(chan error, 1), done: make(chan struct{}),
+	}
+	a.free <- make([]byte, 0, fileChunk)
+	go a.write()
+	return a, nil
 }
 
-func (a *atomicFile) Write(p []byte) (int, error) { return a.w.Write(p) }
+func (a *atomicFile) write() {
+	defer close(a.done)
+	for b := range a.full {
+		if a.err == nil {
+			if _, err := a.f.Write(b); err != nil {
+				a.err = err
+				a.errc <- err
+			}
+		}
+		a.free <- b[:0]
+	}
+}
 
-// commit flushes, syncs and renames the partial file to its final name, then
-// syncs the directory so the rename itself survives a crash.
+func (a *atomicFile) Write(p []byte) (int, error) {
+	a.buf = append(a.buf, p...)
+	if len(a.buf) >= fileChunk {
+		a.full <- a.buf
+		select {
+		case err := <-a.errc:
+			a.errc <- err
+			return 0, fmt.Errorf("write %s: %w", a.name+PartialSuffix, err)
+		case a.buf = <-a.free:
+		}
+	}
+	return len(p), nil
+}
+
+// stop hands over what is buffered (when flush) and waits for the writer.
+func (a *atomicFile) stop(flush bool) error {
+	if !a.shut {
+		a.shut = true
+		if flush && len(a.buf) > 0 {
+			a.full <- a.buf
+		}
+		a.buf = nil
+		close(a.full)
+	}
+	<-a.done
+	return a.err
+}
+
+// commit writes the rest, syncs and renames the partial file to its final
+// name, then syncs the directory so the rename itself survives a crash.
 func (a *atomicFile) commit() error {
-	if a.done {
+	if a.gone {
 		return nil
 	}
-	a.done = true
+	a.gone = true
 	partial := a.name + PartialSuffix
-	err := a.w.Flush()
+	err := a.stop(true)
 	if err == nil {
 		err = a.f.Sync()
 	}
@@ -68,9 +130,10 @@ func (a *atomicFile) commit() error {
 // prefix anyone should use (partitions are written one after another, so it
 // may miss whole partitions), so it is not kept.
 func (a *atomicFile) abort() error {
-	if a.done {
+	if a.gone {
 		return nil
 	}
-	a.done = true
+	a.gone = true
+	_ = a.stop(false)
 	return errors.Join(a.f.Close(), os.Remove(a.name+PartialSuffix))
 }

@@ -264,3 +264,40 @@ func TestParseBound(t *testing.T) {
 		})
 	}
 }
+
+// TestAtomicFileKeepsEveryByte writes through the double-buffered file in
+// pieces of awkward sizes across many buffer turns, and reads back exactly
+// what was written, only under the final name.
+func TestAtomicFileKeepsEveryByte(t *testing.T) {
+	for _, piece := range []int{1, 7, 4096, fileChunk - 1, fileChunk + 3} {
+		t.Run(strconv.Itoa(piece), func(t *testing.T) {
+			name := filepath.Join(t.TempDir(), "out")
+			a, err := createAtomic(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var want []byte
+			rng := rand.New(rand.NewPCG(uint64(piece), 9))
+			for len(want) < 3*fileChunk+12345 && (piece > 1 || len(want) < 200_000) {
+				p := make([]byte, piece)
+				for i := range p {
+					p[i] = byte(rng.IntN(256))
+				}
+				if _, err := a.Write(p); err != nil {
+					t.Fatal(err)
+				}
+				want = append(want, p...)
+			}
+			if err := a.commit(); err != nil {
+				t.Fatal(err)
+			}
+			got, err := os.ReadFile(name)
+			if err != nil || string(got) != string(want) {
+				t.Fatalf("read %d bytes (%v), wrote %d; equal=%v", len(got), err, len(want), string(got) == string(want))
+			}
+			if _, err := os.Stat(name + PartialSuffix); !os.IsNotExist(err) {
+				t.Errorf(".partial left: %v", err)
+			}
+		})
+	}
+}
