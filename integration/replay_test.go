@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -133,19 +132,15 @@ func readReplayOutputs(t *testing.T, ctx context.Context, addr, featuresTopic, d
 	return out
 }
 
-// replayBinary builds velocity-consumer once per test binary.
-var replayBinary = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "velocity-replay-it-")
-	if err != nil {
-		return "", err
+// replayBinary builds velocity-consumer into the test's temporary directory.
+func replayBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "velocity-consumer")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/velocity-consumer").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	bin := filepath.Join(dir, "velocity-consumer")
-	out, err := exec.Command("go", "build", "-o", bin, "../cmd/velocity-consumer").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build: %v\n%s", err, out)
-	}
-	return bin, nil
-})
+	return bin
+}
 
 // TestReplayMatchesLiveRun runs the live service in process over a topic on
 // the real broker, then replays the same topic with the built binary to
@@ -158,10 +153,7 @@ var replayBinary = sync.OnceValues(func() (string, error) {
 func TestReplayMatchesLiveRun(t *testing.T) {
 	t.Parallel()
 	addr := kafkatest.Broker(t)
-	bin, err := replayBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := replayBinary(t)
 	const n, partitions = 6000, 3
 	in := kafkatest.CreateTopic(t, addr, partitions, nil)
 	liveOut, liveDLQ := kafkatest.CreateTopic(t, addr, 1, nil), kafkatest.CreateTopic(t, addr, 1, nil)
