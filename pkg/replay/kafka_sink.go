@@ -19,7 +19,8 @@ import (
 // client options. One KafkaSink can serve as both the features and the
 // dead-letter sink; it routes each Output by its kind.
 type KafkaSink struct {
-	cl                    *kgo.Client
+	cl                    *kgo.Client // nil when built on another sink.Producer (tests)
+	prod                  sink.Producer
 	host                  string
 	featuresTopic, dlqTop string
 	tr                    *sink.Tracker
@@ -39,7 +40,7 @@ func NewKafkaSink(ctx context.Context, brokers []string, host string, opts ...kg
 		cl.Close()
 		return nil, fmt.Errorf("reach brokers %v: %w (check --brokers)", brokers, err)
 	}
-	return &KafkaSink{cl: cl, host: host}, nil
+	return &KafkaSink{cl: cl, prod: cl, host: host}, nil
 }
 
 // SetFeaturesTopic names the topic for features records.
@@ -52,7 +53,7 @@ func (k *KafkaSink) SetDLQTopic(t string) { k.dlqTop = t }
 // is the replay's backpressure.
 func (k *KafkaSink) Write(o *pipeline.Output) error {
 	if k.tr == nil {
-		k.tr = sink.New(k.cl, k.featuresTopic, k.dlqTop, k.host).NewTracker(nil)
+		k.tr = sink.New(k.prod, k.featuresTopic, k.dlqTop, k.host).NewTracker(nil)
 	}
 	if o.Dead {
 		if k.dlqTop == "" {
@@ -100,4 +101,8 @@ func (k *KafkaSink) Abort() error {
 }
 
 // Close closes the producer.
-func (k *KafkaSink) Close() { k.cl.Close() }
+func (k *KafkaSink) Close() {
+	if k.cl != nil {
+		k.cl.Close()
+	}
+}
