@@ -244,6 +244,9 @@ func (s *TopicSource) Read(ctx context.Context, p int32, prog *Progress, fn func
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{s.cfg.Topic: {p: kgo.NewOffset().At(r.WarmUp)}}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.KeepControlRecords(),
+		// Records deleted by retention while the replay runs must fail it:
+		// the default reset would jump to the new log start and skip them.
+		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
 		kgo.FetchMaxBytes(64 << 20),
 		kgo.FetchMaxPartitionBytes(32 << 20),
 	}, s.cfg.ClientOpts...)
