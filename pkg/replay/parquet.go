@@ -29,8 +29,9 @@ import (
 // Flat columns rather than a list of window structs, because that is what a
 // notebook or a SQL engine reads without unnesting. The window specs go into
 // the file's key-value metadata as velocity.windows ("1m:1s,5m:5s,…"), since
-// a column name says W but not the bucket width. Row groups hold up to
-// 256 Ki rows, so memory stays bounded at any replay size.
+// a column name says W but not the bucket width. A row group is cut at the
+// first batch boundary past 256 Ki rows, so memory stays bounded at any
+// replay size.
 //
 // Write only parses the record and fills a batch, column by column; a
 // goroutine of the sink hands full batches to parquet-go's column writers
@@ -75,7 +76,6 @@ const (
 func ParquetSchema(specs []window.Spec) *parquet.Schema {
 	field := func(name string, v any, tag string) reflect.StructField {
 		return reflect.StructField{
-			Name: "F",
 			Type: reflect.TypeOf(v),
 			Tag:  reflect.StructTag(`parquet:"` + name + tag + `"`),
 		}
@@ -98,7 +98,8 @@ func ParquetSchema(specs []window.Spec) *parquet.Schema {
 		field("source_partition", int32(0), ""),
 		field("source_offset", int64(0), ""),
 	)
-	// Exported, distinct Go field names; the parquet names come from the tags.
+	// The Go struct only carries the schema: field names must be exported and
+	// distinct, the column names come from the tags, the order is the struct's.
 	for i := range fields {
 		fields[i].Name = fmt.Sprintf("F%d", i)
 	}
@@ -140,9 +141,9 @@ func newParquetSink(name string, specs []window.Spec, groupRows int) (*ParquetSi
 	return s, nil
 }
 
-// encode writes full batches until full is closed, cutting a row group
-// every parquetRowGroupRows rows. After an error it keeps draining (so Write
-// never blocks on a dead encoder) but writes nothing.
+// encode writes full batches until full is closed, cutting a row group at
+// the first batch boundary past groupRows rows. After an error it keeps
+// draining (so Write never blocks on a dead encoder) but writes nothing.
 func (s *ParquetSink) encode() {
 	defer close(s.done)
 	inGroup := 0

@@ -258,7 +258,7 @@ func (s *TopicSource) Read(ctx context.Context, p int32, prog *Progress, fn func
 
 	fctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	batches := make(chan fetchBatch, 4)
+	batches := make(chan fetchBatch, 2)
 	go func() {
 		defer close(batches)
 		for {
