@@ -254,12 +254,18 @@ func (s *TopicSource) Read(ctx context.Context, p int32, prog *Progress, fn func
 	if err != nil {
 		return fmt.Errorf("kafka client: %w", err)
 	}
-	defer cl.Close()
-
 	fctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	batches := make(chan fetchBatch, 2)
+	fetcherDone := make(chan struct{})
+	// Stop the fetcher and wait for it before closing its client, on every
+	// return path.
+	defer func() {
+		cancel()
+		<-fetcherDone
+		cl.Close()
+	}()
 	go func() {
+		defer close(fetcherDone)
 		defer close(batches)
 		for {
 			fs := cl.PollFetches(fctx)
