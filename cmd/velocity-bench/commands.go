@@ -186,7 +186,7 @@ func describe(r Result) string {
 	if r.Mode == "throughput" {
 		s += fmt.Sprintf(" %.0f ev/s wall=%.1fs startup=%.1fs", r.EventsPerSec, r.WallSec, r.StartupSec)
 	} else {
-		s += fmt.Sprintf(" rate=%d p50=%.0fms p99=%.0fms p999=%.0fms max=%.0fms", r.Rate, r.P50Ms, r.P99Ms, r.P999Ms, r.MaxMs)
+		s += fmt.Sprintf(" rate=%d p50=%.0fms p99=%.0fms p999=%.0fms max=%.0fms worst=%v", r.Rate, r.P50Ms, r.P99Ms, r.P999Ms, r.MaxMs, r.WorstSeconds)
 	}
 	s += fmt.Sprintf(" rss=%.0fMiB cpu=%.1fs (%.2f s/M)", r.PeakRSSMiB, r.CPUSec, r.CPUSecPerMEvt)
 	if r.Err != "" {

@@ -246,6 +246,10 @@ type scanResult struct {
 	Unique                int     // distinct input (partition, offset) pairs covered
 	Dups                  int     // outputs for an input that already had one
 	BadValues             int     // features values that did not decode
+	// PerSecondMax is the largest latency of the events produced in each second after
+	// minEventTime (index 0 = the first second): stalls show up as a few bad seconds,
+	// and their spacing tells a periodic cause (a checkpoint interval) from noise.
+	PerSecondMax []int64
 }
 
 // scanOutputs reads output and dlq from the start with read_committed until it has seen
@@ -298,7 +302,14 @@ func scanOutputs(ctx context.Context, brokers []string, output, dlq string, want
 			}
 			seen.Add(f.SourcePartition, f.SourceOffset)
 			if f.EventTime >= minEventTime {
-				res.Latencies = append(res.Latencies, ts.UnixMilli()-f.EventTime)
+				lat := ts.UnixMilli() - f.EventTime
+				res.Latencies = append(res.Latencies, lat)
+				if sec := (f.EventTime - minEventTime) / 1000; sec < 3600 {
+					for int64(len(res.PerSecondMax)) <= sec {
+						res.PerSecondMax = append(res.PerSecondMax, 0)
+					}
+					res.PerSecondMax[sec] = max(res.PerSecondMax[sec], lat)
+				}
 			}
 		})
 	}

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -32,11 +34,14 @@ type Result struct {
 	WallSec    float64 `json:"wall_sec"`
 	StartupSec float64 `json:"startup_sec"`
 
-	LatencySamples int     `json:"latency_samples,omitempty"`
-	P50Ms          float64 `json:"p50_ms"`
-	P99Ms          float64 `json:"p99_ms"`
-	P999Ms         float64 `json:"p999_ms"`
-	MaxMs          float64 `json:"max_ms"`
+	LatencySamples int `json:"latency_samples,omitempty"`
+	// WorstSeconds: the seconds of the measured phase with the largest latency, as
+	// "+Ns:max ms", worst first.
+	WorstSeconds []string `json:"worst_seconds,omitempty"`
+	P50Ms        float64  `json:"p50_ms"`
+	P99Ms        float64  `json:"p99_ms"`
+	P999Ms       float64  `json:"p999_ms"`
+	MaxMs        float64  `json:"max_ms"`
 
 	// At the moment every output was in the topic (before shutdown).
 	PeakRSSMiB    float64 `json:"peak_rss_mib"`
@@ -207,6 +212,7 @@ func (r *runner) measure(ctx context.Context, res *Result, p ProcSpec, input, ou
 	res.WallSec = sr.LastAppend.Sub(start).Seconds()
 	res.StartupSec = sr.FirstAppend.Sub(start).Seconds()
 	res.LatencySamples = len(sr.Latencies)
+	res.WorstSeconds = worstSeconds(sr.PerSecondMax, 5)
 	if len(sr.Latencies) > 0 {
 		res.P50Ms = Percentile(sr.Latencies, 0.5)
 		res.P99Ms = Percentile(sr.Latencies, 0.99)
@@ -272,4 +278,18 @@ func safeName(s string) string {
 		}
 	}
 	return string(b)
+}
+
+// worstSeconds lists the n seconds with the largest maximum latency, worst first.
+func worstSeconds(perSec []int64, n int) []string {
+	idx := make([]int, len(perSec))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(perSec[b], perSec[a]) })
+	var out []string
+	for _, i := range idx[:min(n, len(idx))] {
+		out = append(out, fmt.Sprintf("+%ds:%dms", i, perSec[i]))
+	}
+	return out
 }
