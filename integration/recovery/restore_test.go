@@ -5,7 +5,10 @@ package recovery
 import (
 	"bytes"
 	"context"
+	"io"
+	"net/http"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"sync/atomic"
@@ -35,7 +38,7 @@ type restoreCase struct {
 	cleanIn, a, b  *instance
 	storeDir       string
 	partitions     int32
-	extraArgs      []string
+	beforeStop     func() // runs while the second process still serves
 }
 
 func newRestoreCase(t *testing.T, n int, windows string, eos bool) *restoreCase {
@@ -56,7 +59,8 @@ func newRestoreCase(t *testing.T, n int, windows string, eos bool) *restoreCase 
 	args := func(sc *scenario) []string { return append(sc.args(addr, rc.input), "--windows", windows) }
 	rc.cleanIn = newInstance(t, rc.bin, "clean", args(rc.clean))
 	rc.a = newInstance(t, rc.bin, "first", args(rc.resumed))
-	rc.b = newInstance(t, rc.bin, "second", args(rc.resumed))
+	// The second process serves metrics on a free port (the log names it).
+	rc.b = newInstance(t, rc.bin, "second", append(args(rc.resumed), "--metrics-addr", "127.0.0.1:0"))
 	rc.clean.instances = []*instance{rc.cleanIn}
 	rc.resumed.instances = []*instance{rc.a, rc.b}
 	t.Cleanup(func() {
@@ -73,12 +77,16 @@ func newRestoreCase(t *testing.T, n int, windows string, eos bool) *restoreCase 
 func (rc *restoreCase) run(tamper func()) map[int32]int64 {
 	t := rc.t
 	var progress atomic.Int64
-	if err := produce(rc.ctx, rc.addr, rc.input, rc.first, 0, &progress); err != nil {
-		t.Fatalf("produce first half: %v", err)
-	}
+	// The first half goes in two steps, each checkpointed, so that the store
+	// holds a newest and a previous snapshot when it is tampered with.
 	rc.a.start()
-	if err := waitCommitted(rc.ctx, rc.adm, rc.resumed.group, rc.input, endOffsets(t, rc.ctx, rc.adm, rc.input)); err != nil {
-		t.Fatalf("first half: %v (log %s)", err, rc.a.logs)
+	for i, part := range [][]*kgo.Record{rc.first[:len(rc.first)/2], rc.first[len(rc.first)/2:]} {
+		if err := produce(rc.ctx, rc.addr, rc.input, part, 0, &progress); err != nil {
+			t.Fatalf("produce first half, step %d: %v", i+1, err)
+		}
+		if err := waitCommitted(rc.whileRunning(rc.a), rc.adm, rc.resumed.group, rc.input, endOffsets(t, rc.ctx, rc.adm, rc.input)); err != nil {
+			t.Fatalf("first half, step %d: %v; end of its log:\n%s", i+1, err, tailLog(rc.a.logs, 15))
+		}
 	}
 	rc.a.kill(syscall.SIGTERM)
 	tamper()
@@ -89,13 +97,56 @@ func (rc *restoreCase) run(tamper func()) map[int32]int64 {
 	rc.b.start()
 	rc.cleanIn.start()
 	for _, sc := range []*scenario{rc.resumed, rc.clean} {
-		if err := waitCommitted(rc.ctx, rc.adm, sc.group, rc.input, ends); err != nil {
-			t.Fatalf("%s: %v (logs %s)", sc.name, err, sc.instances[len(sc.instances)-1].logs)
+		if err := waitCommitted(rc.whileRunning(sc.instances[len(sc.instances)-1]), rc.adm, sc.group, rc.input, ends); err != nil {
+			t.Fatalf("%s: %v; end of its log:\n%s", sc.name, err, tailLog(sc.instances[len(sc.instances)-1].logs, 15))
 		}
+	}
+	if rc.beforeStop != nil {
+		rc.beforeStop()
 	}
 	rc.b.kill(syscall.SIGTERM)
 	rc.cleanIn.kill(syscall.SIGTERM)
 	return ends
+}
+
+// whileRunning returns a context that ends when in's process exits (or the
+// test's context ends), so a process that dies fails the wait at once.
+func (rc *restoreCase) whileRunning(in *instance) context.Context {
+	ctx, cancel := context.WithCancel(rc.ctx)
+	rc.t.Cleanup(cancel)
+	in.mu.Lock()
+	exited := in.exited
+	in.mu.Unlock()
+	go func() {
+		select {
+		case <-exited:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx
+}
+
+// metric returns the value of an unlabelled metric from the second process.
+func (rc *restoreCase) metric(name string) float64 {
+	t := rc.t
+	log, _ := os.ReadFile(rc.b.logs)
+	m := regexp.MustCompile(`"msg":"serving metrics","addr":"([^"]+)"`).FindSubmatch(log)
+	if m == nil {
+		t.Fatalf("no metrics address in %s", rc.b.logs)
+	}
+	resp, err := http.Get("http://" + string(m[1]) + "/metrics")
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	v := regexp.MustCompile(`(?m)^` + name + ` (\S+)$`).FindSubmatch(body)
+	if v == nil {
+		t.Fatalf("metric %s not exported", name)
+	}
+	f, _ := strconv.ParseFloat(string(v[1]), 64)
+	return f
 }
 
 // TestWarmUpWithoutSnapshot: the snapshots are deleted between the two halves,
@@ -168,4 +219,54 @@ func TestExactlyOnceStepsBackFromAnUncommittedSnapshot(t *testing.T) {
 	if n := bytes.Count(log, []byte("ahead of the committed transaction")); n != int(rc.partitions) {
 		t.Fatalf("%d step-back log lines, want %d (log %s)", n, rc.partitions, rc.b.logs)
 	}
+}
+
+// TestTornSnapshotFallsBack tears the newest snapshot of every partition (its
+// tail never reached the disk) between the two halves. The second process
+// must restore the previous snapshot of each, say so in its log and in
+// velocity_snapshot_fallbacks_total, and re-emit from there: at least once,
+// byte-identical to the clean run.
+func TestTornSnapshotFallsBack(t *testing.T) {
+	t.Parallel()
+	rc := newRestoreCase(t, 40_000, "1m:1s,5m:5s", false)
+	var fallbacks float64
+	rc.beforeStop = func() { fallbacks = rc.metric("velocity_snapshot_fallbacks_total") }
+	ends := rc.run(func() {
+		snaps, _ := filepath.Glob(filepath.Join(rc.storeDir, "*", "*", "*.snap"))
+		if len(snaps) != int(rc.partitions) {
+			t.Fatalf("%d snapshot files in %s, want %d", len(snaps), rc.storeDir, rc.partitions)
+		}
+		for _, f := range snaps {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			clear(b[len(b)/2:])
+			if err := os.WriteFile(f, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	want := readOutputs(t, rc.ctx, rc.addr, rc.clean, false)
+	got := readOutputs(t, rc.ctx, rc.addr, rc.resumed, false)
+	checkOutputs(t, ends, got, want, false)
+	checkFinalState(t, got, want)
+	log, _ := os.ReadFile(rc.b.logs)
+	if n := bytes.Count(log, []byte("newest snapshot corrupt, restored the previous one")); n != int(rc.partitions) {
+		t.Errorf("%d fallback log lines, want %d (log %s)", n, rc.partitions, rc.b.logs)
+	}
+	if fallbacks != float64(rc.partitions) {
+		t.Errorf("velocity_snapshot_fallbacks_total = %v, want %d", fallbacks, rc.partitions)
+	}
+}
+
+// tailLog returns the last n lines of a process log, for failure messages
+// (the log itself goes away with the test's temp dir).
+func tailLog(path string, n int) string {
+	b, _ := os.ReadFile(path)
+	lines := bytes.Split(bytes.TrimSpace(b), []byte("\n"))
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return string(bytes.Join(lines, []byte("\n")))
 }
