@@ -9,10 +9,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/pipeline"
+	"github.com/velocity-consumer/velocity-consumer/pkg/registry"
 	"github.com/velocity-consumer/velocity-consumer/pkg/replay"
 )
 
@@ -50,6 +52,9 @@ type replayFlags struct {
 	progressEvery                    time.Duration
 	logLevel, logFormat              string
 	pipe                             pipelineFlags
+	conn                             connFlags
+
+	clientOpts []kgo.Opt // from conn, for every Kafka client of the replay
 }
 
 func (r *replayFlags) register(e *envFlags) {
@@ -67,6 +72,7 @@ func (r *replayFlags) register(e *envFlags) {
 	e.String(&r.logLevel, "log-level", "info", "debug, info, warn or error")
 	e.String(&r.logFormat, "log-format", "console", "json or console")
 	r.pipe.register(e)
+	r.conn.register(e)
 }
 
 func cmdReplay(ctx context.Context, args []string) error {
@@ -92,6 +98,9 @@ func runReplay(ctx context.Context, r *replayFlags, log *zap.Logger) error {
 	if r.output == "" {
 		return errors.New("--output (VELOCITY_OUTPUT) is required: topic:NAME, NAME.jsonl or NAME.parquet")
 	}
+	if r.inputFile != "" && (r.from != "start" || r.to != "end" || r.partitions != "" || r.warmUpFrom != "") {
+		return errors.New("--from, --to, --partitions and --warm-up-from select a topic range; a file (--input-file) is always replayed whole")
+	}
 	if r.inputFile == "" {
 		for _, spec := range []string{r.output, r.dlq} {
 			if spec == "topic:"+r.inputTopic {
@@ -103,13 +112,29 @@ func runReplay(ctx context.Context, r *replayFlags, log *zap.Logger) error {
 		log.Debug("--idle-timeout is live-only; replay flushes at the end of the range instead")
 	}
 
+	if r.clientOpts, _, err = r.conn.clientOpts(log); err != nil {
+		return err
+	}
+	kc, _ := r.conn.kafka()
+	reg, err := r.conn.registryClient(kc)
+	if err != nil {
+		return err
+	}
+	if reg != nil && r.inputFile == "" && st.writerSchema != "" {
+		return errors.New("--writer-schema and --schema-registry exclude each other: with a registry, each record names its writer schema")
+	}
+
 	src, writerSchema, err := openSource(ctx, r, st.writerSchema, log)
 	if err != nil {
 		return err
 	}
 	defer src.Close()
-	dec, err := codec.NewDecoder(writerSchema, st.limits)
-	if err != nil {
+	var dec codec.Decoder
+	if reg != nil && r.inputFile == "" {
+		// Topic input with a registry is in the wire format; a file names
+		// its own schema. Decode waits out a registry outage (until Ctrl-C).
+		dec = registry.NewDecoder(ctx, reg, st.limits)
+	} else if dec, err = codec.NewDecoder(writerSchema, st.limits); err != nil {
 		return fmt.Errorf("writer schema: %w", err)
 	}
 
@@ -118,6 +143,18 @@ func runReplay(ctx context.Context, r *replayFlags, log *zap.Logger) error {
 	features, err := outs.open(ctx, r, r.output, st, false)
 	if err != nil {
 		return err
+	}
+	if topic, ok := strings.CutPrefix(r.output, "topic:"); ok && reg != nil {
+		// Features on a topic go out as 'run' writes them: in the wire format.
+		subject, err := r.conn.outputSubject(topic)
+		if err != nil {
+			return err
+		}
+		_, prefix, err := setupRegistry(ctx, reg, subject, st.limits, log)
+		if err != nil {
+			return err
+		}
+		features = &prefixSink{Sink: features, prefix: prefix}
 	}
 	var dead replay.Sink
 	if r.dlq != "" {
@@ -206,7 +243,7 @@ func openSource(ctx context.Context, r *replayFlags, writerSchema string, log *z
 	if err != nil {
 		return nil, "", fmt.Errorf("--to (VELOCITY_TO): %w", err)
 	}
-	cfg := replay.TopicConfig{Brokers: brokers, Topic: r.inputTopic, Partitions: parts, From: from, To: to}
+	cfg := replay.TopicConfig{Brokers: brokers, Topic: r.inputTopic, Partitions: parts, From: from, To: to, ClientOpts: r.clientOpts}
 	if r.warmUpFrom != "" {
 		w, err := replay.ParseBound(r.warmUpFrom)
 		if err != nil {
@@ -262,7 +299,7 @@ func (o *outputs) open(ctx context.Context, r *replayFlags, spec string, st sett
 		}
 		if o.kafka == nil {
 			host, _ := os.Hostname()
-			if o.kafka, err = replay.NewKafkaSink(ctx, splitList(r.brokers), host); err != nil {
+			if o.kafka, err = replay.NewKafkaSink(ctx, splitList(r.brokers), host, r.clientOpts...); err != nil {
 				return nil, err
 			}
 			o.sinks = append(o.sinks, o.kafka)
@@ -318,4 +355,23 @@ func (o *outputs) close() {
 	if o.kafka != nil {
 		o.kafka.Close()
 	}
+}
+
+// prefixSink puts the wire-format prefix before each features value it
+// passes on; dead letters pass unchanged (they are the source bytes).
+type prefixSink struct {
+	replay.Sink
+	prefix []byte
+	buf    []byte
+	out    pipeline.Output
+}
+
+func (p *prefixSink) Write(o *pipeline.Output) error {
+	if o.Dead {
+		return p.Sink.Write(o)
+	}
+	p.out = *o
+	p.buf = append(append(p.buf[:0], p.prefix...), o.Value...)
+	p.out.Value = p.buf
+	return p.Sink.Write(&p.out)
 }

@@ -38,6 +38,7 @@ func TestReplayFlagErrors(t *testing.T) {
 		{"bad partitions", []string{"--input-topic", "t", "--partitions", "0,x", "--output", filepath.Join(dir, "a.jsonl")}, "--partitions"},
 		{"bad from", []string{"--input-topic", "t", "--from", "yesterday", "--output", filepath.Join(dir, "a.jsonl")}, "--from (VELOCITY_FROM)"},
 		{"output into the input topic", []string{"--input-topic", "t", "--brokers", "127.0.0.1:1", "--output", "topic:t"}, "is the input topic"},
+		{"a range on a file", []string{"--input-file", replayExample, "--from", "3", "--output", filepath.Join(dir, "a.jsonl")}, "replayed whole"},
 		{"shared semantics flags are validated", []string{"--input-file", replayExample, "--output", filepath.Join(dir, "a.jsonl"), "--windows", "5m:7s"}, "--windows"},
 	}
 	for _, tt := range tests {
