@@ -23,6 +23,7 @@ type KafkaSink struct {
 	prod                  sink.Producer
 	host                  string
 	featuresTopic, dlqTop string
+	prefix                []byte
 	tr                    *sink.Tracker
 	committed             bool
 }
@@ -49,11 +50,17 @@ func (k *KafkaSink) SetFeaturesTopic(t string) { k.featuresTopic = t }
 // SetDLQTopic names the topic for dead letters.
 func (k *KafkaSink) SetDLQTopic(t string) { k.dlqTop = t }
 
+// SetFeaturesPrefix makes every features value start with prefix: the
+// Confluent wire-format header of our registered schema when the live
+// service writes through a schema registry (sink.WithFeaturesPrefix). Set it
+// before the first Write.
+func (k *KafkaSink) SetFeaturesPrefix(prefix []byte) { k.prefix = append([]byte(nil), prefix...) }
+
 // Write implements Sink. It blocks while the producer's buffer is full, which
 // is the replay's backpressure.
 func (k *KafkaSink) Write(o *pipeline.Output) error {
 	if k.tr == nil {
-		k.tr = sink.New(k.prod, k.featuresTopic, k.dlqTop, k.host).NewTracker(nil)
+		k.tr = sink.New(k.prod, k.featuresTopic, k.dlqTop, k.host).WithFeaturesPrefix(k.prefix).NewTracker(nil)
 	}
 	if o.Dead {
 		if k.dlqTop == "" {

@@ -108,3 +108,28 @@ func TestKafkaSink(t *testing.T) {
 		})
 	}
 }
+
+// TestKafkaSinkFeaturesPrefix checks that with a schema registry's prefix the
+// features values carry it, as the live service's do, and dead letters keep
+// the source bytes.
+func TestKafkaSinkFeaturesPrefix(t *testing.T) {
+	fp := &fakeProducer{}
+	k := &KafkaSink{prod: fp}
+	k.SetFeaturesTopic("features")
+	k.SetDLQTopic("dlq")
+	k.SetFeaturesPrefix([]byte{0, 0, 0, 0, 42})
+	for _, o := range []*pipeline.Output{
+		{Key: []byte("e"), Value: []byte{7, 8}},
+		{Dead: true, Key: []byte("e"), Value: []byte{9}, Reason: codec.ReasonDecode},
+	} {
+		if err := k.Write(o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := k.Commit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(fp.recs) != 2 || string(fp.recs[0].Value) != "\x00\x00\x00\x00\x2a\x07\x08" || string(fp.recs[1].Value) != "\x09" {
+		t.Fatalf("values %q, want the prefix on the features value only", [][]byte{fp.recs[0].Value, fp.recs[1].Value})
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/pipeline"
@@ -39,6 +40,14 @@ type Config struct {
 	Dead Sink
 	// Progress, if set, is updated as records are read and written.
 	Progress *Progress
+	// MaxPrepareWait bounds how long one record may wait for a decoder that
+	// implements codec.Preparer (a schema-registry decoder whose registry is
+	// unreachable) before the replay fails; 0 means 2 minutes. A record is
+	// never dead-lettered for an unavailable registry, as in the live
+	// service: the replay waits, retrying with backoff, or stops.
+	MaxPrepareWait time.Duration
+	// OnPrepareRetry, if set, is told about every failed Prepare (for a log line).
+	OnPrepareRetry func(partition int32, offset int64, attempt int, err error)
 }
 
 // Result counts what a replay did. Every input record yields exactly one
@@ -89,6 +98,7 @@ func runPartition(ctx context.Context, src Source, p int32, cfg Config, prog *Pr
 	if err != nil {
 		return fmt.Errorf("replay partition %d: %w", p, err)
 	}
+	prep, _ := pc.Decoder.(codec.Preparer)
 	var (
 		cur     *Record // the record being processed, for Original
 		sinkErr error
@@ -138,6 +148,11 @@ func runPartition(ctx context.Context, src Source, p int32, cfg Config, prog *Pr
 		}
 		r.Topic, r.Partition, r.Arrival = pc.Topic, p, 0
 		cur = r
+		if prep != nil && r.Reject == nil {
+			if err := prepare(ctx, prep, r, cfg); err != nil {
+				return err
+			}
+		}
 		if r.Reject != nil {
 			value := r.Value
 			if r.Original != nil {
@@ -164,4 +179,46 @@ func runPartition(ctx context.Context, src Source, p int32, cfg Config, prog *Pr
 		return fmt.Errorf("replay partition %d: %w", p, sinkErr)
 	}
 	return nil
+}
+
+// Backoff between two attempts to prepare a record, and the bound on one
+// attempt, as the live service uses them (variables so tests can shorten them).
+var (
+	minPrepareBackoff = 200 * time.Millisecond
+	maxPrepareBackoff = 10 * time.Second
+	prepareAttempt    = 10 * time.Second
+)
+
+// prepare waits until the decoder can decode r's value, or fails after
+// cfg.MaxPrepareWait or when ctx ends.
+func prepare(ctx context.Context, prep codec.Preparer, r *Record, cfg Config) error {
+	wait := cfg.MaxPrepareWait
+	if wait <= 0 {
+		wait = 2 * time.Minute
+	}
+	deadline := time.Now().Add(wait)
+	backoff := minPrepareBackoff
+	for attempt := 1; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, prepareAttempt)
+		err := prep.Prepare(actx, r.Value)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if cfg.OnPrepareRetry != nil {
+			cfg.OnPrepareRetry(r.Partition, r.Offset, attempt, err)
+		}
+		if time.Now().Add(backoff).After(deadline) {
+			return fmt.Errorf("offset %d: the decoder could not prepare it for %v (is the schema registry reachable?): %w", r.Offset, wait, err)
+		}
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		backoff = min(2*backoff, maxPrepareBackoff)
+	}
 }
