@@ -11,11 +11,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+	"github.com/velocity-consumer/velocity-consumer/pkg/kafkaconn"
 	"github.com/velocity-consumer/velocity-consumer/pkg/pipeline"
 	"github.com/velocity-consumer/velocity-consumer/pkg/watermark"
 	"github.com/velocity-consumer/velocity-consumer/pkg/window"
@@ -207,7 +209,8 @@ func (p *pipelineFlags) settings() (settings, error) {
 // openStore turns --checkpoint-store into a Store. The kafka store needs the
 // brokers and the group: its default topic is derived from the group, so two
 // deployments never share snapshots.
-func openStore(spec string, brokers []string, group string) (checkpoint.Store, error) {
+// opts are the connection options (TLS, SASL) of --brokers.
+func openStore(spec string, brokers []string, group string, opts ...kgo.Opt) (checkpoint.Store, error) {
 	switch {
 	case spec == "memory":
 		return checkpoint.NewMemoryStore(), nil
@@ -228,9 +231,9 @@ func openStore(spec string, brokers []string, group string) (checkpoint.Store, e
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		st, err := checkpoint.NewKafkaStore(ctx, checkpoint.KafkaConfig{Brokers: brokers, Topic: topic})
+		st, err := checkpoint.NewKafkaStore(ctx, checkpoint.KafkaConfig{Brokers: brokers, Topic: topic, ClientOpts: opts})
 		if err != nil {
-			return nil, fmt.Errorf("--checkpoint-store (VELOCITY_CHECKPOINT_STORE) %s: %w", spec, err)
+			return nil, fmt.Errorf("--checkpoint-store (VELOCITY_CHECKPOINT_STORE) %s: %w", spec, kafkaconn.Explain(err))
 		}
 		return st, nil
 	}

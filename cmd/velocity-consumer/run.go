@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
+	"github.com/velocity-consumer/velocity-consumer/pkg/kafkaconn"
 	"github.com/velocity-consumer/velocity-consumer/pkg/metrics"
 	"github.com/velocity-consumer/velocity-consumer/pkg/service"
 )
@@ -38,6 +39,7 @@ type runFlags struct {
 	exactlyOnce                        bool
 	sessionTimeout                     time.Duration
 	pipe                               pipelineFlags
+	conn                               connFlags
 }
 
 func (r *runFlags) register(e *envFlags) {
@@ -48,13 +50,14 @@ func (r *runFlags) register(e *envFlags) {
 	e.String(&r.dlq, "dlq-topic", "velocity-dlq", "topic for dead letters (original bytes plus velocity.* headers)")
 	e.String(&r.store, "checkpoint-store", "file://./velocity-state", "where partition snapshots live: file://DIR (one machine), kafka or kafka://TOPIC (a compacted topic, default __velocity-snapshots-<group>; partitions can move between instances) or memory (state lost on restart)")
 	e.Duration(&r.interval, "checkpoint-interval", 5*time.Second, "how often each partition flushes, snapshots and commits")
-	e.String(&r.metricsAddr, "metrics-addr", ":9090", "listen address for /metrics, /healthz and /readyz (empty disables)")
+	e.String(&r.metricsAddr, "metrics-addr", ":9090", "listen address for /metrics, /healthz and /readyz, e.g. 127.0.0.1:9090 for loopback only (empty disables; they carry no entity data)")
 	e.String(&r.logLevel, "log-level", "info", "debug, info, warn or error")
 	e.String(&r.logFormat, "log-format", "json", "json or console")
 	e.Int64(&r.maxPendingBytes, "max-pending-bytes", 32<<20, "per partition: pause fetching while this many produced bytes await acknowledgement")
 	e.Bool(&r.exactlyOnce, "exactly-once", false, "publish each partition's features, dead letters and offset commit of one --checkpoint-interval in one Kafka transaction:\nread_committed readers see exactly one output per input offset across crashes, at checkpoint-interval latency")
 	e.Duration(&r.sessionTimeout, "session-timeout", 45*time.Second, "consumer group session timeout: how long a crashed instance keeps its partitions before they move (the broker allows 6s..30m by default)")
 	r.pipe.register(e)
+	r.conn.register(e)
 }
 
 // serviceConfig validates the flags and builds the service configuration.
@@ -84,7 +87,17 @@ func (r *runFlags) serviceConfig() (service.Config, error) {
 	if r.maxPendingBytes <= 0 {
 		return c, errors.New("--max-pending-bytes (VELOCITY_MAX_PENDING_BYTES) must be positive")
 	}
-	if c.Store, err = openStore(r.store, c.Brokers, r.group); err != nil {
+	kc, err := r.conn.kafka()
+	if err != nil {
+		return c, err
+	}
+	if c.ClientOpts, err = kc.Options(); err != nil {
+		return c, err
+	}
+	if r.conn.registryURL != "" && r.pipe.writerSchema != "" {
+		return c, errors.New("--writer-schema and --schema-registry exclude each other: with a registry, each record names its writer schema")
+	}
+	if c.Store, err = openStore(r.store, c.Brokers, r.group, c.ClientOpts...); err != nil {
 		return c, err
 	}
 	host, _ := os.Hostname()
@@ -111,11 +124,17 @@ func cmdRun(ctx context.Context, args []string) error {
 		return err
 	}
 	defer log.Sync() //nolint:errcheck // nothing useful to do on a failed log flush at exit
+	if _, _, err := r.conn.clientOpts(log); err != nil {
+		return err
+	}
 	cfg, err := r.serviceConfig()
 	if err != nil {
 		return err
 	}
 	defer cfg.Store.Close()
+	if err := r.useRegistry(ctx, &cfg, log); err != nil {
+		return err
+	}
 
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
@@ -130,7 +149,30 @@ func cmdRun(ctx context.Context, args []string) error {
 		}
 		defer stop()
 	}
-	return svc.Run(ctx)
+	return kafkaconn.Explain(svc.Run(ctx))
+}
+
+// useRegistry points cfg at the schema registry when --schema-registry is set:
+// input in the Confluent wire format, features under our registered schema.
+func (r *runFlags) useRegistry(ctx context.Context, cfg *service.Config, log *zap.Logger) error {
+	kc, err := r.conn.kafka()
+	if err != nil {
+		return err
+	}
+	cl, err := r.conn.registryClient(kc)
+	if err != nil || cl == nil {
+		return err
+	}
+	subject, err := r.conn.outputSubject(r.output)
+	if err != nil {
+		return err
+	}
+	dec, prefix, err := setupRegistry(ctx, cl, subject, cfg.Limits, log)
+	if err != nil {
+		return err
+	}
+	cfg.Decoder, cfg.FeaturesValuePrefix = dec, prefix
+	return nil
 }
 
 // serveHTTP serves /metrics, /healthz and /readyz until stop is called.
