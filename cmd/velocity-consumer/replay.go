@@ -154,7 +154,7 @@ func runReplay(ctx context.Context, r *replayFlags, log *zap.Logger) error {
 		if err != nil {
 			return err
 		}
-		features = &prefixSink{Sink: features, prefix: prefix}
+		outs.kafka.SetFeaturesPrefix(prefix)
 	}
 	var dead replay.Sink
 	if r.dlq != "" {
@@ -355,23 +355,4 @@ func (o *outputs) close() {
 	if o.kafka != nil {
 		o.kafka.Close()
 	}
-}
-
-// prefixSink puts the wire-format prefix before each features value it
-// passes on; dead letters pass unchanged (they are the source bytes).
-type prefixSink struct {
-	replay.Sink
-	prefix []byte
-	buf    []byte
-	out    pipeline.Output
-}
-
-func (p *prefixSink) Write(o *pipeline.Output) error {
-	if o.Dead {
-		return p.Sink.Write(o)
-	}
-	p.out = *o
-	p.buf = append(append(p.buf[:0], p.prefix...), o.Value...)
-	p.out.Value = p.buf
-	return p.Sink.Write(&p.out)
 }
