@@ -198,7 +198,7 @@ func (in *instance) kill(sig syscall.Signal) {
 	case <-time.After(30 * time.Second):
 		// A graceful shutdown checkpoints every partition and leaves the
 		// group; it must not take this long.
-		in.t.Errorf("%s: still running 30s after %v; SIGKILLed (log %s)", in.logs, sig, in.logs)
+		in.t.Errorf("%s: still running 30s after %v; SIGKILLed; end of its log:\n%s", filepath.Base(in.logs), sig, tailLog(in.logs, 25))
 		_ = cmd.Process.Kill()
 		<-exited
 	}
