@@ -25,6 +25,10 @@
 #   KAFKA_STOP_TIMEOUT      seconds to wait after SIGTERM before SIGKILL [30]
 #   KAFKA_HEAP_OPTS         JVM heap and GC flags [-Xms64m -Xmx512m -XX:+UseSerialGC]
 #   KAFKA_LOCAL_OWNER_PID   if set, the broker is killed when this process ends
+#   KAFKA_EXTRA_PROPERTIES  a file appended to server.properties; a key it repeats wins
+#                           (e.g. a SASL_SSL listener beside PLAINTEXT; see integration/kafkatest)
+#   KAFKA_SCRAM_CREDENTIALS SCRAM users created at format time, one per line, as the storage
+#                           tool's --add-scram takes them: SCRAM-SHA-512=[name=alice,password=...]
 #   JAVA, MVN               the java and mvn commands [java, mvn]
 set -euo pipefail
 
@@ -149,6 +153,10 @@ message.max.bytes=1048588
 num.network.threads=2
 num.io.threads=4
 EOF
+	if [[ -n "${KAFKA_EXTRA_PROPERTIES:-}" ]]; then
+		[[ -f "$KAFKA_EXTRA_PROPERTIES" ]] || die "KAFKA_EXTRA_PROPERTIES: no file $KAFKA_EXTRA_PROPERTIES"
+		{ echo; echo "# From $KAFKA_EXTRA_PROPERTIES (KAFKA_EXTRA_PROPERTIES)."; cat "$KAFKA_EXTRA_PROPERTIES"; } >>"$run/server.properties"
+	fi
 }
 
 start() {
@@ -181,8 +189,12 @@ start() {
 	while [[ "$cluster_id" == -* ]]; do
 		cluster_id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')"
 	done
+	local scram=() line
+	while IFS= read -r line; do
+		if [[ -n "$line" ]]; then scram+=(--add-scram "$line"); fi
+	done <<<"${KAFKA_SCRAM_CREDENTIALS:-}"
 	if ! "$JAVA" -Xmx256m -XX:+UseSerialGC "${jvm[@]}" -cp "$cp" kafka.tools.StorageTool \
-		format -t "$cluster_id" -c "$run/server.properties" >"$logdir/format.log" 2>&1; then
+		format -t "$cluster_id" -c "$run/server.properties" "${scram[@]}" >"$logdir/format.log" 2>&1; then
 		cat "$logdir/format.log" >&2
 		die "formatting $run/data failed"
 	fi

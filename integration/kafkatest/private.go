@@ -28,6 +28,14 @@ type PrivateBroker struct {
 // it under VELOCITY_REQUIRE_KAFKA=1.
 func StartPrivateBroker(t testing.TB) *PrivateBroker {
 	t.Helper()
+	return startPrivateBroker(t, 0, nil)
+}
+
+// startPrivateBroker starts a private broker with extra free ports for more listeners.
+// extraEnv, if set, returns more environment for scripts/kafka-local.sh given the ports
+// (client, controller, then the extra ones) and the broker's state directory.
+func startPrivateBroker(t testing.TB, extraPorts int, extraEnv func(ports []int, state string) []string) *PrivateBroker {
+	t.Helper()
 	for _, tool := range []string{"java", "mvn"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			if os.Getenv("VELOCITY_REQUIRE_KAFKA") == "1" {
@@ -40,10 +48,14 @@ func StartPrivateBroker(t testing.TB) *PrivateBroker {
 	if err != nil {
 		t.Fatalf("kafkatest: %v", err)
 	}
-	ports := freePorts(t, 2)
+	ports := freePorts(t, 2+extraPorts)
 	port, cport := ports[0], ports[1]
 	b := &PrivateBroker{state: t.TempDir()}
-	env := append(os.Environ(),
+	environ := os.Environ()
+	if extraEnv != nil {
+		environ = append(environ, extraEnv(ports, b.state)...)
+	}
+	env := append(environ,
 		"KAFKA_PORT="+strconv.Itoa(port),
 		"KAFKA_CONTROLLER_PORT="+strconv.Itoa(cport),
 		"KAFKA_LOCAL_STATE="+b.state,

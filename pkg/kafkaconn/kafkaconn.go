@@ -261,6 +261,8 @@ func Explain(err error) error {
 		return fmt.Errorf("%w (check --sasl-username, the password in --sasl-password-file or VELOCITY_SASL_PASSWORD, and --sasl-mechanism)", err)
 	case strings.Contains(msg, "UNSUPPORTED_SASL_MECHANISM"):
 		return fmt.Errorf("%w (the brokers do not enable this --sasl-mechanism)", err)
+	case strings.Contains(msg, "plaintext connection speaking to a tls endpoint"):
+		return fmt.Errorf("%w (the listener at --brokers speaks TLS: add --tls, and --tls-ca-file if its CA is private)", err)
 	case strings.Contains(msg, "first record does not look like a TLS handshake") || strings.Contains(msg, "tls:"):
 		return fmt.Errorf("%w (TLS handshake failed: does the listener at --brokers speak TLS, and does --tls match it?)", err)
 	}
