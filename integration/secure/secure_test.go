@@ -153,6 +153,8 @@ func TestProductionConnectivity(t *testing.T) {
 
 	t.Run("service with a schema registry", func(t *testing.T) { testRegistry(t, b, scram("SCRAM-SHA-512")) })
 
+	t.Run("velocity-consumer run with TLS, SCRAM and registry flags", func(t *testing.T) { testBinary(t, b) })
+
 	t.Run("service refuses a wrong password at start", func(t *testing.T) {
 		c := scram("SCRAM-SHA-512")
 		c.SASL.Password = kafkaconn.NewSecret("not-it")
@@ -415,9 +417,9 @@ type fakeRegistry struct {
 	srv  *http.Server
 }
 
-func startRegistry(t *testing.T) *fakeRegistry {
+func startRegistry(t *testing.T, opts ...srfake.Option) *fakeRegistry {
 	t.Helper()
-	f := &fakeRegistry{reg: srfake.New()}
+	f := &fakeRegistry{reg: srfake.New(opts...)}
 	t.Cleanup(f.reg.Close)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
