@@ -4,6 +4,8 @@
 #   make test               unit tests (-race), then integration tests on a real Kafka broker
 #   make test-unit          unit tests only; no broker needed
 #   make test-integration   start a real broker (scripts/kafka-local.sh), run integration/, stop it
+#                           (integration/secure also starts a private SASL_SSL broker of its own
+#                           through the same script, and an in-process schema registry: no extra setup)
 #   make check              gofmt and go vet, integration tests included
 #   make kafka-start | kafka-stop | kafka-status   a broker on 127.0.0.1:9092 for development
 #   make bench-peers        issue 9: ours vs Kafka Streams and the seed Python library (BENCHMARKS.md)
