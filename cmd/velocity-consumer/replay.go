@@ -132,7 +132,8 @@ func runReplay(ctx context.Context, r *replayFlags, log *zap.Logger) error {
 	var dec codec.Decoder
 	if reg != nil && r.inputFile == "" {
 		// Topic input with a registry is in the wire format; a file names
-		// its own schema. Decode waits out a registry outage (until Ctrl-C).
+		// its own schema. replay.Run prepares each record first and waits out
+		// a registry outage for up to Config.MaxPrepareWait (2 min) per record.
 		dec = registry.NewDecoder(ctx, reg, st.limits)
 	} else if dec, err = codec.NewDecoder(writerSchema, st.limits); err != nil {
 		return fmt.Errorf("writer schema: %w", err)
@@ -171,6 +172,12 @@ func runReplay(ctx context.Context, r *replayFlags, log *zap.Logger) error {
 		Features: features,
 		Dead:     dead,
 		Progress: prog,
+		OnPrepareRetry: func(p int32, offset int64, attempt int, err error) {
+			if attempt == 1 || attempt%10 == 0 {
+				log.Warn("schema registry not answering: the replay waits for it (up to 2 min per record)",
+					zap.Int32("partition", p), zap.Int64("offset", offset), zap.Int("attempt", attempt), zap.Error(err))
+			}
+		},
 	})
 	stopProgress()
 	if err == nil {
