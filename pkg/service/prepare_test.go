@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/velocity-consumer/velocity-consumer/internal/streamtest"
 	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 )
@@ -33,8 +34,8 @@ func (d *outageDecoder) Prepare(context.Context, []byte) error {
 func TestServiceHoldsPartitionsWhileDecoderCannotPrepare(t *testing.T) {
 	const partitions = 2
 	brokers := newCluster(t, partitions)
-	st := makeStream(11, 1500, partitions)
-	produce(t, brokers, st.recs)
+	st := streamtest.Generate(inTopic, 11, 1500, partitions)
+	produce(t, brokers, st.Records)
 	fast, err := codec.NewDecoder("", codec.DefaultLimits())
 	if err != nil {
 		t.Fatal(err)
@@ -58,6 +59,6 @@ func TestServiceHoldsPartitionsWhileDecoderCannotPrepare(t *testing.T) {
 	}
 
 	dec.down.Store(false)
-	got := readOutputs(t, brokers, len(st.recs), 60*time.Second)
-	check(t, st, cfg.Specs, got, true)
+	got := readOutputs(t, brokers, len(st.Records), 60*time.Second)
+	streamtest.Check(t, st, cfg.Specs, got, true)
 }
