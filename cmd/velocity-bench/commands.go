@@ -202,7 +202,7 @@ func cmdSummarize(_ context.Context, args []string) error {
 		return err
 	}
 	var all []Result
-	for _, path := range splitList(*in) {
+	for fi, path := range splitList(*in) {
 		f, err := os.Open(path)
 		if err != nil {
 			return err
@@ -218,6 +218,9 @@ func cmdSummarize(_ context.Context, args []string) error {
 				f.Close()
 				return fmt.Errorf("%s:%d: %w", path, line, err)
 			}
+			// Rounds of different files are different rounds: ratios pair runs of
+			// one round of one invocation only.
+			r.Round += 1000 * fi
 			all = append(all, r)
 		}
 		f.Close()

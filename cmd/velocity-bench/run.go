@@ -193,13 +193,21 @@ func (r *runner) measure(ctx context.Context, res *Result, p ProcSpec, input, ou
 		res.PeakRSSMiB = float64(s.PeakRSSB) / (1 << 20)
 		res.CPUSecPerMEvt = res.CPUSec / float64(want) * 1e6
 	}
-	stop()
-	res.ExitCPUSec = exit.CPU.Seconds()
-	res.ExitMaxRSSMiB = float64(exit.PeakRSSB) / (1 << 20)
 	if minEventTime == math.MinInt64 {
 		minEventTime = math.MaxInt64 // produced-ahead runs: event times are synthetic, no latency
 	}
+	// Under exactly-once the end offsets count transaction markers, so they reach want
+	// before the last records are committed; stopping the processor then would abort
+	// its open transaction. Read the committed outputs back first and stop it after.
+	// Without transactions every counted offset is a record: stop first, so that the
+	// read-back does not compete with the processor for the two cores.
+	if !p.EOS {
+		stop()
+	}
 	sr, err := scanOutputs(ctx, r.brokers, output, dlq, want, minEventTime, 3*time.Minute)
+	stop()
+	res.ExitCPUSec = exit.CPU.Seconds()
+	res.ExitMaxRSSMiB = float64(exit.PeakRSSB) / (1 << 20)
 	res.Features, res.DeadLetters = sr.Features, sr.DeadLetters
 	res.Unique, res.Dups, res.BadValues = sr.Unique, sr.Dups, sr.BadValues
 	if err != nil {
