@@ -99,7 +99,7 @@ func (r *runner) runThroughput(ctx context.Context, p ProcSpec, input string, wa
 		return res
 	}
 	defer r.cleanup(group, dir, output, dlq)
-	r.measure(ctx, &res, p, input, output, dlq, group, dir, want, math.MinInt64, nil)
+	r.measure(ctx, &res, p, input, output, dlq, group, dir, want, math.MinInt64, nil, nil)
 	return res
 }
 
@@ -128,6 +128,7 @@ func (r *runner) runLatency(ctx context.Context, p ProcSpec, w Workload, rate in
 		res.Err = err.Error()
 		return res
 	}
+	disorder := map[string]int64{}
 	feed := func(ctx context.Context, c *child) (int, int64, error) {
 		cl, err := newProducer(r.brokers, input)
 		if err != nil {
@@ -136,7 +137,7 @@ func (r *runner) runLatency(ctx context.Context, p ProcSpec, w Workload, rate in
 		defer cl.Close()
 		// Warm-up at a gentle rate until every warm-up event has its output, so the
 		// measured phase starts with partitions assigned and the pipeline running.
-		if _, err := producePaced(ctx, cl, g, warm, time.Second); err != nil {
+		if _, err := producePaced(ctx, cl, g, warm, time.Second, disorder); err != nil {
 			return 0, 0, fmt.Errorf("warm-up: %w", err)
 		}
 		sentWarm := g.Index() + 1
@@ -144,16 +145,16 @@ func (r *runner) runLatency(ctx context.Context, p ProcSpec, w Workload, rate in
 			return 0, 0, fmt.Errorf("warm-up: %w", err)
 		}
 		minEventTime := time.Now().Add(skip).UnixMilli()
-		n, err := producePaced(ctx, cl, g, rate, d)
+		n, err := producePaced(ctx, cl, g, rate, d, disorder)
 		return sentWarm + n, minEventTime, err
 	}
-	r.measure(ctx, &res, p, input, output, dlq, group, dir, 0, math.MinInt64, feed)
+	r.measure(ctx, &res, p, input, output, dlq, group, dir, 0, math.MinInt64, disorder, feed)
 	return res
 }
 
 // measure starts the processor, feeds it (when feed is set; it returns the number of
 // inputs), waits for want outputs, samples the child, stops it and reads the outputs.
-func (r *runner) measure(ctx context.Context, res *Result, p ProcSpec, input, output, dlq, group, dir string, want int, minEventTime int64, feed func(context.Context, *child) (int, int64, error)) {
+func (r *runner) measure(ctx context.Context, res *Result, p ProcSpec, input, output, dlq, group, dir string, want int, minEventTime int64, disorder map[string]int64, feed func(context.Context, *child) (int, int64, error)) {
 	cmd, err := r.env.command(p, input, output, dlq, group, dir)
 	if err != nil {
 		res.Err = err.Error()
@@ -204,7 +205,7 @@ func (r *runner) measure(ctx context.Context, res *Result, p ProcSpec, input, ou
 	if !p.EOS {
 		stop()
 	}
-	sr, err := scanOutputs(ctx, r.brokers, output, dlq, want, minEventTime, 3*time.Minute)
+	sr, err := scanOutputs(ctx, r.brokers, output, dlq, want, minEventTime, disorder, 3*time.Minute)
 	stop()
 	res.ExitCPUSec = exit.CPU.Seconds()
 	res.ExitMaxRSSMiB = float64(exit.PeakRSSB) / (1 << 20)
