@@ -159,7 +159,8 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Service, error) {
 	return &Service{cfg: cfg, log: log, m: m, dec: dec, workers: make(map[int32]*worker)}, nil
 }
 
-// Ready reports whether the service has joined its group and is consuming.
+// Ready reports whether the service reached the cluster and is consuming as a
+// group member (whether or not it currently owns partitions or has records).
 func (s *Service) Ready() bool { return s.ready.Load() }
 
 // Healthy reports nil unless the service has stopped on an error.
@@ -230,6 +231,9 @@ func (s *Service) Run(ctx context.Context) error {
 	s.log.Info("consuming", zap.String("group", s.cfg.Group), zap.String("input", s.cfg.InputTopic),
 		zap.String("output", s.cfg.OutputTopic), zap.String("dlq", s.cfg.DLQTopic), zap.Bool("exactly_once", s.cfg.ExactlyOnce))
 
+	// Ready once the cluster answered and the group consumer is running: an
+	// input topic with nothing new to read is a healthy, ready service.
+	s.ready.Store(true)
 	s.pollLoop(ctx)
 
 	// Graceful shutdown: checkpoint every partition we own, then leave the group.
@@ -251,7 +255,6 @@ func (s *Service) pollLoop(ctx context.Context) {
 			s.cons.AllowRebalance()
 			return
 		}
-		s.ready.Store(true)
 		fetches.EachError(func(topic string, p int32, err error) {
 			if errors.Is(err, context.Canceled) {
 				return
@@ -423,6 +426,9 @@ func (s *Service) rebuild(ctx context.Context, p int32, committed int64) (*pipel
 	}
 	return proc, committed, nil
 }
+
+// Assigned is the number of input partitions this instance currently owns.
+func (s *Service) Assigned() int { return s.numWorkers() }
 
 func (s *Service) numWorkers() int {
 	s.mu.Lock()
