@@ -149,8 +149,13 @@ loop:
 		time.Sleep(100 * time.Millisecond)
 	}
 	svcCancel()
-	if err := <-svcDone; err != nil {
-		return fmt.Errorf("service: %w", err)
+	select {
+	case err := <-svcDone:
+		if err != nil {
+			return fmt.Errorf("service: %w", err)
+		}
+	case <-time.After(60 * time.Second):
+		return errors.New("service did not shut down within 60s")
 	}
 	return summarize(out, brokers, input, output, dlq, produced, view, time.Since(start), reg)
 }
