@@ -13,7 +13,8 @@ package recovery
 //   - exactly-once:   two instances, kafka store, --exactly-once, SIGKILLed
 //     at random moments and restarted, outputs read read_committed;
 //   - rebalance:      kafka store, scaled 1 → 3 → 1 instances by starting and
-//     gracefully stopping processes.
+//     gracefully stopping processes;
+//   - rebalance-eos:  the same with --exactly-once, read read_committed.
 //
 // Every run uses --allowed-lateness 0 and --idle-timeout 0, so that no
 // wall-clock release (idle timeout) can make two runs differ: an event is
@@ -279,14 +280,16 @@ func TestRecoveryUnderCrashesAndRebalance(t *testing.T) {
 	crash := newScenario("sigkill", false, "file")
 	eos := newScenario("exactly-once", true, "kafka")
 	rebal := newScenario("rebalance", false, "kafka")
-	for _, sc := range []*scenario{clean, crash, eos, rebal} {
-		n := map[*scenario]int{clean: 1, crash: 3, eos: 2, rebal: 3}[sc]
+	rebalEOS := newScenario("rebalance-eos", true, "kafka")
+	all := []*scenario{clean, crash, eos, rebal, rebalEOS}
+	for _, sc := range all {
+		n := map[*scenario]int{clean: 1, crash: 3, eos: 2, rebal: 3, rebalEOS: 3}[sc]
 		for i := range n {
 			sc.instances = append(sc.instances, newInstance(t, bin, fmt.Sprintf("%s-%d", sc.name, i), sc.args(addr, input)))
 		}
 	}
 	t.Cleanup(func() {
-		for _, sc := range []*scenario{clean, crash, eos, rebal} {
+		for _, sc := range all {
 			for _, in := range sc.instances {
 				in.kill(syscall.SIGKILL)
 			}
@@ -300,6 +303,7 @@ func TestRecoveryUnderCrashesAndRebalance(t *testing.T) {
 		}
 	}
 	rebal.instances[0].start()
+	rebalEOS.instances[0].start()
 
 	produced := make(chan error, 1)
 	progress := atomic.Int64{}
@@ -319,11 +323,15 @@ func TestRecoveryUnderCrashesAndRebalance(t *testing.T) {
 		defer wg.Done()
 		// Scale 1 → 3 at a third of the stream, back to 1 at two thirds.
 		waitProgress(ctx, &progress, recEvents/3)
-		rebal.instances[1].start()
-		rebal.instances[2].start()
+		for _, sc := range []*scenario{rebal, rebalEOS} {
+			sc.instances[1].start()
+			sc.instances[2].start()
+		}
 		waitProgress(ctx, &progress, 2*recEvents/3)
-		rebal.instances[1].kill(syscall.SIGTERM)
-		rebal.instances[2].kill(syscall.SIGTERM)
+		for _, sc := range []*scenario{rebal, rebalEOS} {
+			sc.instances[1].kill(syscall.SIGTERM)
+			sc.instances[2].kill(syscall.SIGTERM)
+		}
 	}()
 
 	if err := <-produced; err != nil {
@@ -347,14 +355,14 @@ func TestRecoveryUnderCrashesAndRebalance(t *testing.T) {
 	}
 
 	ends := endOffsets(t, ctx, adm, input)
-	for _, sc := range []*scenario{clean, crash, eos, rebal} {
+	for _, sc := range all {
 		start := time.Now()
 		if err := waitCommitted(ctx, adm, sc.group, input, ends); err != nil {
 			t.Fatalf("%s: group %s did not commit the end of the input: %v (logs in %s)", sc.name, sc.group, err, sc.instances[0].logs)
 		}
 		t.Logf("%s: caught up %s after the stream ended", sc.name, time.Since(start).Round(time.Millisecond))
 	}
-	for _, sc := range []*scenario{clean, crash, eos, rebal} {
+	for _, sc := range all {
 		for _, in := range sc.instances {
 			in.kill(syscall.SIGTERM)
 		}
@@ -364,9 +372,9 @@ func TestRecoveryUnderCrashesAndRebalance(t *testing.T) {
 	t.Run("clean run has exactly one output per input offset", func(t *testing.T) {
 		checkOutputs(t, ends, want, want, true)
 	})
-	for _, sc := range []*scenario{crash, eos, rebal} {
+	for _, sc := range []*scenario{crash, eos, rebal, rebalEOS} {
 		t.Run(sc.name, func(t *testing.T) {
-			if sc != rebal && sc.kills.Load() < recMinKills {
+			if (sc == crash || sc == eos) && sc.kills.Load() < recMinKills {
 				t.Errorf("only %d SIGKILLs, want at least %d", sc.kills.Load(), recMinKills)
 			}
 			got := readOutputs(t, ctx, addr, sc, sc.eos)
@@ -380,7 +388,7 @@ func TestRecoveryUnderCrashesAndRebalance(t *testing.T) {
 				for _, os := range raw {
 					repeats += len(os) - 1
 				}
-				t.Logf("exactly-once: a read_uncommitted reader sees %d extra records from aborted transactions", repeats)
+				t.Logf("%s: a read_uncommitted reader sees %d extra records from aborted transactions", sc.name, repeats)
 			}
 			logLines := map[string]int{}
 			for _, in := range sc.instances {
