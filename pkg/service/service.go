@@ -228,6 +228,10 @@ func (s *Service) Run(ctx context.Context) error {
 		s.cons.Close()
 		return fmt.Errorf("reach brokers %v: %w (check --brokers and that the cluster is up)", s.cfg.Brokers, err)
 	}
+	if err := s.checkTopics(ctx); err != nil {
+		s.cons.Close()
+		return err
+	}
 	s.log.Info("consuming", zap.String("group", s.cfg.Group), zap.String("input", s.cfg.InputTopic),
 		zap.String("output", s.cfg.OutputTopic), zap.String("dlq", s.cfg.DLQTopic), zap.Bool("exactly_once", s.cfg.ExactlyOnce))
 
@@ -425,6 +429,31 @@ func (s *Service) rebuild(ctx context.Context, p int32, committed int64) (*pipel
 		return nil, 0, err
 	}
 	return proc, committed, nil
+}
+
+// checkTopics fails fast when an output topic is missing: otherwise every
+// produce would retry for the delivery timeout and then stop the service with
+// a less helpful error. A missing input topic is only a warning: the group
+// starts consuming as soon as it is created.
+func (s *Service) checkTopics(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	md, err := s.adm.Metadata(ctx, s.cfg.InputTopic, s.cfg.OutputTopic, s.cfg.DLQTopic)
+	if err != nil {
+		return fmt.Errorf("read topic metadata: %w", err)
+	}
+	for _, t := range []struct{ flag, name string }{{"--output-topic", s.cfg.OutputTopic}, {"--dlq-topic", s.cfg.DLQTopic}, {"--input-topic", s.cfg.InputTopic}} {
+		td, ok := md.Topics[t.name]
+		if ok && td.Err == nil {
+			continue
+		}
+		if t.flag == "--input-topic" {
+			s.log.Warn("input topic does not exist yet; waiting for it", zap.String("topic", t.name))
+			continue
+		}
+		return fmt.Errorf("%s %q does not exist on the cluster: create it first (the service does not create topics)", t.flag, t.name)
+	}
+	return nil
 }
 
 // Assigned is the number of input partitions this instance currently owns.
