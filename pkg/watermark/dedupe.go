@@ -50,6 +50,23 @@ func (r *idRing) grow() {
 	r.head = 0
 }
 
+// presize gives an empty ring room for n entries at once: a restore knows its
+// count, and doubling step by step reallocated and copied gigabytes for large ones.
+func (r *idRing) presize(n int) {
+	if r.n == 0 && n > len(r.buf) {
+		r.buf, r.head = make([]idEntry, pow2AtLeast(n)), 0
+	}
+}
+
+// pow2AtLeast is the smallest power of two >= n (and >= 1).
+func pow2AtLeast(n int) int {
+	size := 1
+	for size < n {
+		size <<= 1
+	}
+	return size
+}
+
 func (r *idRing) front() idEntry { return r.buf[r.head] }
 
 func (r *idRing) pop() {
@@ -112,6 +129,14 @@ func (m *idTable) grow() {
 			i, _ := m.find(e.k)
 			m.slots[i] = e
 		}
+	}
+}
+
+// presize gives an empty table room for n keys at its load factor at once (see
+// idRing.presize for why).
+func (m *idTable) presize(n int) {
+	if m.n == 0 && 2*n > len(m.slots) {
+		m.slots = make([]idEntry, pow2AtLeast(max(2*n, 1024)))
 	}
 }
 

@@ -61,6 +61,13 @@ func (r *eventRing) push(q queued) {
 	r.n++
 }
 
+// presize gives an empty ring room for n events at once (see idRing.presize).
+func (r *eventRing) presize(n int) {
+	if r.n == 0 && n > len(r.buf) {
+		r.buf, r.head = make([]queued, pow2AtLeast(n)), 0
+	}
+}
+
 func (r *eventRing) front() *queued { return &r.buf[r.head] }
 
 func (r *eventRing) back() *queued { return &r.buf[(r.head+r.n-1)&(len(r.buf)-1)] }

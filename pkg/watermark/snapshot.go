@@ -203,6 +203,7 @@ func (s *Stage) decode(b []byte) error {
 	if r.err != nil {
 		return r.err
 	}
+	s.run.presize(int(np))
 	prev := &Event{}
 	for i := 0; i < int(np) && r.err == nil; i++ {
 		var ev Event
@@ -239,7 +240,15 @@ func (s *Stage) decode(b []byte) error {
 	if r.err != nil {
 		return r.err
 	}
-	var seen idTable
+	// Size the tables for the count the snapshot states (already checked
+	// against its length above) instead of growing them step by step. Only ids
+	// still inside the horizon are kept, and a kept id may appear once: the
+	// table that keeps them is the duplicate check (ids dropped as expired can
+	// influence nothing, so a repeat among them is harmless).
+	if s.dedupe {
+		s.ids.presize(int(ni))
+		s.ring.presize(int(ni))
+	}
 	for range ni {
 		k := idKey{hi: r.u64("id hash"), lo: r.u64("id hash")}
 		t := int64(r.u64("id time"))
@@ -247,15 +256,15 @@ func (s *Stage) decode(b []byte) error {
 			r.fail("zero id hash")
 			break
 		}
-		if _, dup := seen.get(k); dup {
+		if !s.dedupe || !s.live(t) {
+			continue
+		}
+		if _, dup := s.ids.get(k); dup {
 			r.fail("id %016x%016x appears twice", k.hi, k.lo)
 			break
 		}
-		seen.set(k, t)
-		if s.dedupe && s.live(t) {
-			s.ids.set(k, t)
-			s.ring.push(idEntry{k: k, t: t})
-		}
+		s.ids.set(k, t)
+		s.ring.push(idEntry{k: k, t: t})
 	}
 	if r.err != nil {
 		return r.err
