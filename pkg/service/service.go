@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
@@ -431,10 +432,13 @@ func (s *Service) rebuild(ctx context.Context, p int32, committed int64) (*pipel
 	return proc, committed, nil
 }
 
-// checkTopics fails fast when an output topic is missing: otherwise every
-// produce would retry for the delivery timeout and then stop the service with
-// a less helpful error. A missing input topic is only a warning: the group
-// starts consuming as soon as it is created.
+// checkTopics makes sure the output and dead-letter topics exist before the
+// first produce: a missing one is created with the input topic's partition count
+// and the broker's default replication factor (and logged), so a first start
+// works out of the box; if it cannot be created (no Create permission), the
+// service stops with an error naming the flag, instead of retrying every
+// produce for the delivery timeout. A missing input topic is only a warning:
+// the group starts consuming as soon as it exists.
 func (s *Service) checkTopics(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -442,16 +446,28 @@ func (s *Service) checkTopics(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("read topic metadata: %w", err)
 	}
-	for _, t := range []struct{ flag, name string }{{"--output-topic", s.cfg.OutputTopic}, {"--dlq-topic", s.cfg.DLQTopic}, {"--input-topic", s.cfg.InputTopic}} {
-		td, ok := md.Topics[t.name]
-		if ok && td.Err == nil {
+	exists := func(topic string) bool {
+		td, ok := md.Topics[topic]
+		return ok && td.Err == nil
+	}
+	partitions := int32(1)
+	if exists(s.cfg.InputTopic) {
+		partitions = int32(len(md.Topics[s.cfg.InputTopic].Partitions))
+	} else {
+		s.log.Warn("input topic does not exist yet; waiting for it", zap.String("topic", s.cfg.InputTopic))
+	}
+	for _, t := range []struct{ flag, name string }{{"--output-topic", s.cfg.OutputTopic}, {"--dlq-topic", s.cfg.DLQTopic}} {
+		if exists(t.name) {
 			continue
 		}
-		if t.flag == "--input-topic" {
-			s.log.Warn("input topic does not exist yet; waiting for it", zap.String("topic", t.name))
-			continue
+		resp, err := s.adm.CreateTopic(ctx, partitions, -1, nil, t.name)
+		if err == nil {
+			err = resp.Err
 		}
-		return fmt.Errorf("%s %q does not exist on the cluster: create it first (the service does not create topics)", t.flag, t.name)
+		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+			return fmt.Errorf("%s %q does not exist and could not be created (%w): create it, or grant this principal Create on it", t.flag, t.name, err)
+		}
+		s.log.Info("created missing topic", zap.String("flag", t.flag), zap.String("topic", t.name), zap.Int32("partitions", partitions))
 	}
 	return nil
 }

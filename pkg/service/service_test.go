@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap/zaptest"
@@ -167,4 +168,44 @@ func TestServiceRestartResumesFromSnapshot(t *testing.T) {
 	startService(t, cfg)
 	got := readOutputs(t, brokers, len(st.Records), 60*time.Second)
 	streamtest.Check(t, st, cfg.Specs, got, true)
+}
+
+// TestServiceCreatesMissingOutputTopics starts on a cluster that has only the
+// input topic: the output and dead-letter topics are created with the input's
+// partition count, and the outputs arrive.
+func TestServiceCreatesMissingOutputTopics(t *testing.T) {
+	const partitions = 3
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, inTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	brokers := c.ListenAddrs()
+	st := streamtest.Generate(inTopic, 4, 500, partitions)
+	produce(t, brokers, st.Records)
+	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
+	startService(t, cfg)
+	got := readOutputs(t, brokers, len(st.Records), 60*time.Second)
+	streamtest.Check(t, st, cfg.Specs, got, true)
+
+	adm := kadm.NewClient(newClient(t, brokers))
+	md, err := adm.Metadata(context.Background(), outTopic, dlqTopic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, topic := range []string{outTopic, dlqTopic} {
+		if n := len(md.Topics[topic].Partitions); n != partitions {
+			t.Errorf("%s created with %d partitions, want the input's %d", topic, n, partitions)
+		}
+	}
+}
+
+func newClient(t *testing.T, brokers []string) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
 }
