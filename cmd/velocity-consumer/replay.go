@@ -311,6 +311,9 @@ func (o *outputs) open(ctx context.Context, r *replayFlags, spec string, st sett
 			}
 			o.sinks = append(o.sinks, o.kafka)
 		}
+		if err := o.kafka.EnsureTopic(ctx, flagName, topic, r.inputTopic); err != nil {
+			return nil, err
+		}
 		if dead {
 			o.kafka.SetDLQTopic(topic)
 		} else {

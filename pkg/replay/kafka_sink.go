@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/pipeline"
@@ -42,6 +43,25 @@ func NewKafkaSink(ctx context.Context, brokers []string, host string, opts ...kg
 		return nil, fmt.Errorf("reach brokers %v: %w (check --brokers)", brokers, err)
 	}
 	return &KafkaSink{cl: cl, prod: cl, host: host}, nil
+}
+
+// EnsureTopic creates topic if it does not exist, with as many partitions as
+// likeTopic has (1 if likeTopic is empty or missing), so a backtest can write to
+// a new topic without a separate admin step. flag names the option in errors.
+func (k *KafkaSink) EnsureTopic(ctx context.Context, flag, topic, likeTopic string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	adm := kadm.NewClient(k.cl)
+	partitions := int32(1)
+	if likeTopic != "" {
+		if md, err := adm.Metadata(ctx, likeTopic); err == nil {
+			if td, ok := md.Topics[likeTopic]; ok && td.Err == nil {
+				partitions = int32(len(td.Partitions))
+			}
+		}
+	}
+	_, err := sink.EnsureTopics(ctx, adm, partitions, sink.OutputTopic{Flag: flag, Name: topic})
+	return err
 }
 
 // SetFeaturesTopic names the topic for features records.

@@ -30,7 +30,6 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
@@ -433,43 +432,28 @@ func (s *Service) rebuild(ctx context.Context, p int32, committed int64) (*pipel
 }
 
 // checkTopics makes sure the output and dead-letter topics exist before the
-// first produce: a missing one is created with the input topic's partition count
-// and the broker's default replication factor (and logged), so a first start
-// works out of the box; if it cannot be created (no Create permission), the
-// service stops with an error naming the flag, instead of retrying every
-// produce for the delivery timeout. A missing input topic is only a warning:
-// the group starts consuming as soon as it exists.
+// first produce: a missing one is created with the input topic's partition
+// count (see sink.EnsureTopics), so a first start works out of the box. A
+// missing input topic is only a warning: the group consumes once it exists.
 func (s *Service) checkTopics(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	md, err := s.adm.Metadata(ctx, s.cfg.InputTopic, s.cfg.OutputTopic, s.cfg.DLQTopic)
+	md, err := s.adm.Metadata(ctx, s.cfg.InputTopic)
 	if err != nil {
 		return fmt.Errorf("read topic metadata: %w", err)
 	}
-	exists := func(topic string) bool {
-		td, ok := md.Topics[topic]
-		return ok && td.Err == nil
-	}
 	partitions := int32(1)
-	if exists(s.cfg.InputTopic) {
-		partitions = int32(len(md.Topics[s.cfg.InputTopic].Partitions))
+	if td, ok := md.Topics[s.cfg.InputTopic]; ok && td.Err == nil {
+		partitions = int32(len(td.Partitions))
 	} else {
 		s.log.Warn("input topic does not exist yet; waiting for it", zap.String("topic", s.cfg.InputTopic))
 	}
-	for _, t := range []struct{ flag, name string }{{"--output-topic", s.cfg.OutputTopic}, {"--dlq-topic", s.cfg.DLQTopic}} {
-		if exists(t.name) {
-			continue
-		}
-		resp, err := s.adm.CreateTopic(ctx, partitions, -1, nil, t.name)
-		if err == nil {
-			err = resp.Err
-		}
-		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
-			return fmt.Errorf("%s %q does not exist and could not be created (%w): create it, or grant this principal Create on it", t.flag, t.name, err)
-		}
-		s.log.Info("created missing topic", zap.String("flag", t.flag), zap.String("topic", t.name), zap.Int32("partitions", partitions))
+	created, err := sink.EnsureTopics(ctx, s.adm, partitions,
+		sink.OutputTopic{Flag: "--output-topic", Name: s.cfg.OutputTopic}, sink.OutputTopic{Flag: "--dlq-topic", Name: s.cfg.DLQTopic})
+	for _, t := range created {
+		s.log.Info("created missing topic", zap.String("topic", t), zap.Int32("partitions", partitions))
 	}
-	return nil
+	return err
 }
 
 // Assigned is the number of input partitions this instance currently owns.

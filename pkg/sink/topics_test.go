@@ -1,0 +1,48 @@
+package sink
+
+import (
+	"context"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+func TestEnsureTopics(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "exists"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	ctx := context.Background()
+
+	created, err := EnsureTopics(ctx, adm, 3, OutputTopic{"--a", "exists"}, OutputTopic{"--b", "fresh"}, OutputTopic{"--c", ""})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(created) != 1 || created[0] != "fresh" {
+		t.Fatalf("created %v, want only fresh", created)
+	}
+	// All topics: the client briefly caches the per-topic answer "unknown"
+	// from before the creation.
+	md, err := adm.Metadata(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(md.Topics["fresh"].Partitions); n != 3 {
+		t.Errorf("fresh has %d partitions, want 3", n)
+	}
+	if n := len(md.Topics["exists"].Partitions); n != 2 {
+		t.Errorf("an existing topic changed to %d partitions", n)
+	}
+	if again, err := EnsureTopics(ctx, adm, 3, OutputTopic{"--b", "fresh"}); err != nil || len(again) != 0 {
+		t.Fatalf("second call: created %v, err %v; want nothing", again, err)
+	}
+}
