@@ -19,6 +19,11 @@ import (
 	"github.com/velocity-consumer/velocity-consumer/pkg/sink"
 )
 
+type bgResult struct {
+	buf []byte
+	err error
+}
+
 type batch struct {
 	records []*kgo.Record
 	hwm     int64
@@ -54,9 +59,13 @@ type worker struct {
 	backoff  time.Duration
 	holdErrs int
 
-	lastNext  int64 // next offset at the last checkpoint
-	dirty     bool  // state changed since the last checkpoint
-	snapBuf   []byte
+	lastNext int64 // next offset at the last checkpoint
+	dirty    bool  // state changed since the last checkpoint
+	snapBuf  []byte
+	// bgBusy is set while a background checkpoint (default mode) waits for
+	// its outputs, saves and commits; bgDone returns its buffer and error.
+	bgBusy    bool
+	bgDone    chan bgResult
 	lastStats pipeline.Stats
 	lastCap   uint64
 
@@ -70,6 +79,7 @@ func (s *Service) startWorker(p int32, proc *pipeline.Processor, txn *kgo.Client
 		in:          make(chan batch, 4),
 		quit:        make(chan bool, 1),
 		done:        make(chan struct{}),
+		bgDone:      make(chan bgResult, 1),
 		lastNext:    proc.Next(),
 		recordsIn:   s.m.RecordsIn.WithLabelValues(label),
 		features:    s.m.Features.WithLabelValues(label),
@@ -114,18 +124,34 @@ func (w *worker) run() {
 			} else {
 				w.proc.Tick(w.emitFn)
 			}
-			if time.Since(lastCheckpoint) >= w.s.cfg.CheckpointInterval {
+			if time.Since(lastCheckpoint) >= w.s.cfg.CheckpointInterval && !w.bgBusy {
 				lastCheckpoint = time.Now()
-				if err := w.checkpoint(); err != nil {
+				var err error
+				if w.txn != nil {
+					err = w.checkpoint()
+				} else {
+					err = w.checkpointInBackground()
+				}
+				if err != nil {
 					w.s.fail(err)
 					w.drainQuit()
 					return
 				}
 			}
 			w.updateGauges()
+		case res := <-w.bgDone:
+			w.bgBusy = false
+			w.snapBuf = res.buf[:0]
+			if res.err != nil {
+				w.s.fail(res.err)
+				w.drainQuit()
+				return
+			}
 		case commit := <-w.quit:
 			if commit {
-				// Finish the work already handed to us, then checkpoint it.
+				// Finish the work already handed to us, then checkpoint it,
+				// after any background checkpoint has finished (saves and
+				// commits must stay in order).
 				for {
 					select {
 					case b := <-w.in:
@@ -135,10 +161,17 @@ func (w *worker) run() {
 					}
 					break
 				}
-				if err := w.checkpoint(); err != nil {
+				err := w.waitBackground()
+				if err == nil {
+					err = w.checkpoint()
+				}
+				if err != nil {
 					w.s.fail(err)
 				}
 			}
+			// On lost, a background checkpoint still running finishes on its
+			// own: an older snapshot with its own older offset is consistent,
+			// and the new owner's next checkpoint supersedes both.
 			return
 		}
 		if err := w.tracker.Err(); err != nil {
@@ -328,6 +361,67 @@ func (w *worker) checkpoint() error {
 	w.dirty = false
 	w.s.m.CheckpointSeconds.Observe(time.Since(start).Seconds())
 	return nil
+}
+
+// checkpointInBackground runs the default-mode protocol without stalling the
+// partition: the state is encoded here, at a cut of the sink's epochs, and a
+// goroutine then waits for exactly the outputs produced before the cut, saves
+// the snapshot and commits its offset while processing goes on. Only one runs
+// at a time; an interval that finds one still running is skipped.
+//
+// Invariant (as in checkpoint): the offset is committed only after the
+// snapshot is durable and every output for the offsets below it is
+// acknowledged; outputs produced after the cut belong to offsets at or above
+// it.
+func (w *worker) checkpointInBackground() error {
+	if !w.dirty && w.proc.Next() == w.lastNext {
+		return nil
+	}
+	start := time.Now()
+	next := w.proc.Next()
+	state := w.proc.AppendSnapshot(w.snapBuf[:0])
+	w.snapBuf = nil // owned by the background goroutine until bgDone returns it
+	epoch := w.tracker.Cut()
+	w.lastNext, w.dirty, w.bgBusy = next, false, true
+	w.s.m.CheckpointBytes.WithLabelValues(w.label).Set(float64(len(state)))
+	go func() {
+		w.bgDone <- bgResult{buf: state, err: w.finishCheckpoint(epoch, next, state, start)}
+	}()
+	return nil
+}
+
+func (w *worker) finishCheckpoint(epoch *sink.Epoch, next int64, state []byte, start time.Time) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := epoch.Wait(ctx); err != nil {
+		w.s.m.ProduceErrors.Inc()
+		return fmt.Errorf("partition %d: flush before checkpoint: %w", w.part, err)
+	}
+	if err := w.tracker.Err(); err != nil {
+		w.s.m.ProduceErrors.Inc()
+		return fmt.Errorf("partition %d: %w", w.part, err)
+	}
+	if err := w.s.cfg.Store.Save(ctx, w.s.key(w.part), checkpoint.Snapshot{Next: next, State: state}); err != nil {
+		w.s.m.CheckpointErrors.Inc()
+		return fmt.Errorf("partition %d: %w", w.part, err)
+	}
+	if err := w.commit(ctx, next); err != nil {
+		w.s.m.CommitErrors.Inc()
+		w.s.log.Warn("offset commit failed", zap.Int32("partition", w.part), zap.Int64("next", next), zap.Error(err))
+	}
+	w.s.m.CheckpointSeconds.Observe(time.Since(start).Seconds())
+	return nil
+}
+
+// waitBackground waits for a background checkpoint still running.
+func (w *worker) waitBackground() error {
+	if !w.bgBusy {
+		return nil
+	}
+	res := <-w.bgDone
+	w.bgBusy = false
+	w.snapBuf = res.buf[:0]
+	return res.err
 }
 
 func (w *worker) commit(ctx context.Context, next int64) error {

@@ -74,9 +74,51 @@ const (
 	HeaderHost      = "velocity.host"
 )
 
+// Epoch is the set of records a Tracker produced between two Cuts. A
+// checkpoint waits for the epoch that ends at its offset while the partition
+// goes on producing into the next one.
+type Epoch struct {
+	n      atomic.Int64
+	sealed atomic.Bool
+	once   sync.Once
+	done   chan struct{}
+}
+
+func newEpoch() *Epoch { return &Epoch{done: make(chan struct{})} }
+
+func (e *Epoch) finish() { e.once.Do(func() { close(e.done) }) }
+
+// release is called once per acknowledged or failed record. The epoch is done
+// when it is sealed and nothing in it is outstanding; whichever of release and
+// seal sees that last closes it.
+func (e *Epoch) release() {
+	if e.n.Add(-1) == 0 && e.sealed.Load() {
+		e.finish()
+	}
+}
+
+func (e *Epoch) seal() {
+	e.sealed.Store(true)
+	if e.n.Load() == 0 {
+		e.finish()
+	}
+}
+
+// Wait blocks until every record of the epoch has been acknowledged or has
+// failed (see Tracker.Err), or ctx ends.
+func (e *Epoch) Wait(ctx context.Context) error {
+	select {
+	case <-e.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%w: %w", ErrFlushTimeout, ctx.Err())
+	}
+}
+
 // Tracker counts one input partition's in-flight records.
 type Tracker struct {
 	sink     *Sink
+	epoch    *Epoch // the open epoch; only the producing goroutine touches the field
 	inflight atomic.Int64
 	bytes    atomic.Int64
 	mu       sync.Mutex
@@ -94,7 +136,7 @@ const arenaChunk = 256 << 10
 
 // NewTracker returns a tracker for one input partition.
 func (s *Sink) NewTracker(onAck func(arrival int64)) *Tracker {
-	t := &Tracker{sink: s, onAck: onAck}
+	t := &Tracker{sink: s, onAck: onAck, epoch: newEpoch()}
 	t.cond = sync.NewCond(&t.mu)
 	return t
 }
@@ -174,8 +216,19 @@ func (t *Tracker) Dead(d DeadLetter) {
 	t.produce(r, -1)
 }
 
+// Cut seals the open epoch (every record produced so far) and opens a new one
+// for the records that follow. It must be called from the producing goroutine.
+func (t *Tracker) Cut() *Epoch {
+	e := t.epoch
+	t.epoch = newEpoch()
+	e.seal()
+	return e
+}
+
 func (t *Tracker) produce(r *kgo.Record, arrival int64) {
 	size := int64(len(r.Key) + len(r.Value))
+	ep := t.epoch
+	ep.n.Add(1)
 	t.inflight.Add(1)
 	t.bytes.Add(size)
 	// The context is Background on purpose: a record handed to the client must
@@ -194,6 +247,7 @@ func (t *Tracker) produce(r *kgo.Record, arrival int64) {
 		*r = kgo.Record{}
 		t.sink.recs.Put(r)
 		t.bytes.Add(-size)
+		ep.release()
 		if t.inflight.Add(-1) == 0 {
 			t.mu.Lock()
 			t.cond.Broadcast()

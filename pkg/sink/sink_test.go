@@ -27,6 +27,15 @@ func (f *fakeProducer) Produce(_ context.Context, r *kgo.Record, promise func(*k
 	f.pending = append(f.pending, func(err error) { promise(r, err) })
 }
 
+// take removes and returns the pending promises, for acknowledging later.
+func (f *fakeProducer) take() []func(error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p := f.pending
+	f.pending = nil
+	return p
+}
+
 func (f *fakeProducer) settle(err error) {
 	f.mu.Lock()
 	p := f.pending
@@ -169,5 +178,44 @@ func TestFeaturesPrefix(t *testing.T) {
 				t.Errorf("dead letter value %x: the prefix must not touch source bytes", fp.got[1].Value)
 			}
 		})
+	}
+}
+
+// TestEpochs checks that a checkpoint can wait for exactly the records
+// produced before its cut while later ones are still in flight.
+func TestEpochs(t *testing.T) {
+	fp := &fakeProducer{}
+	tr := New(fp, "out", "dlq", "h").NewTracker(nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+
+	empty := tr.Cut()
+	if err := empty.Wait(ctx); err != nil {
+		t.Fatalf("an empty epoch must be done at once: %v", err)
+	}
+
+	tr.Features([]byte("a"), []byte("1"), 1)
+	tr.Features([]byte("a"), []byte("2"), 1)
+	first := fp.take()
+	e1 := tr.Cut()
+	tr.Features([]byte("a"), []byte("3"), 1) // the next epoch, not yet acknowledged
+	later := fp.take()
+
+	short, cancelShort := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancelShort()
+	if err := e1.Wait(short); !errors.Is(err, ErrFlushTimeout) {
+		t.Fatalf("epoch done before its records were acknowledged: %v", err)
+	}
+	for _, ack := range first {
+		ack(nil)
+	}
+	if err := e1.Wait(ctx); err != nil {
+		t.Fatalf("epoch not done after its records were acknowledged (a later one still in flight): %v", err)
+	}
+	for _, ack := range later {
+		ack(nil)
+	}
+	if err := tr.Cut().Wait(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
