@@ -76,9 +76,17 @@ func (s *Stage) AppendSnapshot(dst []byte) []byte {
 		for i := 0; i < s.ring.n; i++ {
 			e := s.ring.at(i)
 			// Skip entries superseded by a later acceptance of the same id and entries
-			// already out of the horizon: neither can affect a future decision.
-			if t0, ok := s.ids.get(e.k); !ok || t0 != e.t || !s.live(e.t) {
+			// already out of the horizon: neither can affect a future decision. An
+			// id is accepted again only once its earlier entry is out of the horizon
+			// (else it is a duplicate), so liveness alone tells unless Remember
+			// replaced a live entry (see Stage.superseded).
+			if !s.live(e.t) {
 				continue
+			}
+			if s.superseded {
+				if t0, ok := s.ids.get(e.k); !ok || t0 != e.t {
+					continue
+				}
 			}
 			dst = binary.LittleEndian.AppendUint64(dst, e.k.hi)
 			dst = binary.LittleEndian.AppendUint64(dst, e.k.lo)

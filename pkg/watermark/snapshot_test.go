@@ -148,3 +148,31 @@ func TestRestoreKeepsPressureAndRestartsIdleClock(t *testing.T) {
 		t.Fatalf("Idle a timeout after Restore = %v, pressure %v; want [b c], false", got, r.Pressure())
 	}
 }
+
+// TestSnapshotSkipsSupersededRemember: when Remember replaces a still-live
+// entry of an id, the snapshot keeps only the current one, exactly as if the
+// first had never been made.
+func TestSnapshotSkipsSupersededRemember(t *testing.T) {
+	cfg := Config{AllowedLateness: 1000}
+	a, b := mustNew(t, cfg), mustNew(t, cfg)
+	ev := Event{Offset: 1, EventTime: 10_000, EventID: "e1", EntityID: "c"}
+
+	a.Offer(ev)
+	a.Remember("x", 9_500)
+	a.Remember("x", 9_800) // replaces a live entry: two live ring entries for x
+
+	b.Offer(ev)
+	b.Remember("x", 9_800)
+
+	sa, sb := a.AppendSnapshot(nil), b.AppendSnapshot(nil)
+	if !bytes.Equal(sa, sb) {
+		t.Fatalf("snapshot kept the superseded entry: %d bytes, want %d", len(sa), len(sb))
+	}
+	r, err := Restore(cfg, sa)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.AppendSnapshot(nil); !bytes.Equal(got, sa) {
+		t.Fatal("restored stage snapshots differently")
+	}
+}

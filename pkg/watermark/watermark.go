@@ -103,6 +103,12 @@ type Stage struct {
 
 	ids  idTable // hashed event id -> event time of its latest acceptance
 	ring idRing  // acceptance order, for expiry
+	// superseded is set once Remember replaced a still-live entry of an id, so
+	// the ring may hold two live entries for it and AppendSnapshot must look
+	// each entry up in ids. Otherwise a ring entry is current exactly when it is
+	// live, and the snapshot skips that probe: one cache miss per id, which at
+	// millions of ids stalled the partition for hundreds of milliseconds.
+	superseded bool
 
 	lastOffer time.Time
 	scratch   []item // reused by AppendSnapshot
@@ -293,8 +299,11 @@ func (s *Stage) Remember(eventID string, eventTime int64) {
 		return
 	}
 	k := hashID(eventID)
-	if t0, ok := s.ids.get(k); ok && s.live(t0) && t0 >= eventTime {
-		return
+	if t0, ok := s.ids.get(k); ok && s.live(t0) {
+		if t0 >= eventTime {
+			return
+		}
+		s.superseded = true
 	}
 	s.ids.set(k, eventTime)
 	s.ring.push(idEntry{k: k, t: eventTime})
