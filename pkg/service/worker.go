@@ -111,7 +111,12 @@ func (w *worker) run() {
 	}
 	tick := time.NewTicker(w.tickEvery())
 	defer tick.Stop()
-	lastCheckpoint := time.Now()
+	// Stagger the partitions' checkpoints across the interval: all of an
+	// instance's partitions start together, and checkpointing them at the same
+	// instant makes one big spike of encoding, checksumming and writing on a
+	// few cores instead of several small ones.
+	interval := w.s.cfg.CheckpointInterval
+	lastCheckpoint := time.Now().Add(-interval * time.Duration(w.part%8) / 8)
 	for {
 		select {
 		case b := <-w.in:
