@@ -58,7 +58,7 @@ func testBinary(t *testing.T, b *kafkatest.SecureBroker) {
 	}
 	const regUser, regPass = "velocity", "registry-Pa55-word"
 	reg := startRegistry(t, srfake.WithAuth("Basic "+base64.StdEncoding.EncodeToString([]byte(regUser+":"+regPass))))
-	cl, err := registry.NewClient(registry.Config{URLs: []string{reg.url()}, Username: regUser, Password: kafkaconn.NewSecret(regPass)})
+	cl, err := registry.NewClient(registry.Config{URLs: []string{reg.URL()}, Username: regUser, Password: kafkaconn.NewSecret(regPass)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func testBinary(t *testing.T, b *kafkatest.SecureBroker) {
 	cmd := exec.Command(bin, "run",
 		"--brokers", b.SASLAddr, "--tls-ca-file", b.CAFile,
 		"--sasl-mechanism", "SCRAM-SHA-512", "--sasl-username", b.ScramUser, "--sasl-password-file", pwFile,
-		"--schema-registry", reg.url(), "--schema-registry-username", regUser,
+		"--schema-registry", reg.URL(), "--schema-registry-username", regUser,
 		"--schema-subject-strategy", "record",
 		"--input-topic", in, "--output-topic", out, "--dlq-topic", dlq, "--group", kafkatest.Group(t),
 		"--checkpoint-store", "memory", "--idle-timeout", "200ms", "--metrics-addr", metricsAddr)

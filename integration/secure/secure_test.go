@@ -6,10 +6,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
-	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +18,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/velocity-consumer/velocity-consumer/integration/kafkatest"
+	"github.com/velocity-consumer/velocity-consumer/internal/srtest"
 	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/kafkaconn"
@@ -179,7 +177,7 @@ func testRegistry(t *testing.T, b *kafkatest.SecureBroker, conn kafkaconn.Config
 	reg := startRegistry(t)
 	in, out, dlq := kafkatest.CreateTopic(t, b.Addr, 1, nil), kafkatest.CreateTopic(t, b.Addr, 1, nil), kafkatest.CreateTopic(t, b.Addr, 1, nil)
 	ctx := kafkatest.Context(t, 3*time.Minute)
-	cl, err := registry.NewClient(registry.Config{URLs: []string{reg.url()}, RequestTimeout: 2 * time.Second})
+	cl, err := registry.NewClient(registry.Config{URLs: []string{reg.URL()}, RequestTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +250,7 @@ func testRegistry(t *testing.T, b *kafkatest.SecureBroker, conn kafkaconn.Config
 	}
 
 	// 2. Registry down: records with an id not resolved yet wait; none is dead-lettered.
-	reg.down()
+	reg.Down()
 	outage := []*kgo.Record{
 		rec(wire(t, v3.ID, v3.Schema.Schema, tx(map[string]any{"channel": "app"}))),
 		rec(wire(t, v1.ID, v1.Schema.Schema, tx(nil))), // cached, but may not overtake the one above
@@ -268,7 +266,7 @@ func testRegistry(t *testing.T, b *kafkatest.SecureBroker, conn kafkaconn.Config
 	}
 
 	// 3. Registry back: the held records are processed in order, none dead-lettered.
-	reg.up(t)
+	reg.Up(t)
 	r.waitFor(t, 6, 2, 60*time.Second)
 	if d := len(r.deadErrors()); d != 2 {
 		t.Fatalf("%d dead letters after the outage, want 2", d)
@@ -408,52 +406,7 @@ func (r *reader) waitFor(t *testing.T, features, dead int, within time.Duration)
 	}
 }
 
-// fakeRegistry serves franz-go's srfake on a fixed loopback port that the test can
-// take down (connection refused) and bring back with its schemas intact.
-type fakeRegistry struct {
-	reg  *srfake.Registry
-	addr string
-	mu   sync.Mutex
-	srv  *http.Server
-}
-
-func startRegistry(t *testing.T, opts ...srfake.Option) *fakeRegistry {
+func startRegistry(t *testing.T, opts ...srfake.Option) *srtest.Server {
 	t.Helper()
-	f := &fakeRegistry{reg: srfake.New(opts...)}
-	t.Cleanup(f.reg.Close)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.addr = l.Addr().String()
-	f.serve(l)
-	t.Cleanup(f.down)
-	return f
-}
-
-func (f *fakeRegistry) url() string { return "http://" + f.addr }
-
-func (f *fakeRegistry) serve(l net.Listener) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.srv = &http.Server{Handler: f.reg.Handler(), ReadHeaderTimeout: time.Second}
-	go f.srv.Serve(l) //nolint:errcheck // ends with ErrServerClosed
-}
-
-func (f *fakeRegistry) down() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.srv != nil {
-		f.srv.Close()
-		f.srv = nil
-	}
-}
-
-func (f *fakeRegistry) up(t *testing.T) {
-	t.Helper()
-	l, err := net.Listen("tcp", f.addr)
-	if err != nil {
-		t.Fatalf("registry back on %s: %v", f.addr, err)
-	}
-	f.serve(l)
+	return srtest.Start(t, opts...)
 }

@@ -3,7 +3,6 @@ package registry
 import (
 	"context"
 	"errors"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -12,8 +11,8 @@ import (
 
 	"github.com/linkedin/goavro/v2"
 	"github.com/twmb/franz-go/pkg/sr"
-	"github.com/twmb/franz-go/pkg/sr/srfake"
 
+	"github.com/velocity-consumer/velocity-consumer/internal/srtest"
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/kafkaconn"
 	"github.com/velocity-consumer/velocity-consumer/schemas"
@@ -48,57 +47,14 @@ func txDatum(event, entity string) map[string]any {
 		"event_time": time.UnixMilli(t0).UTC()}
 }
 
-// server serves a fake registry on a fixed loopback port that a test can
-// take down (connection refused) and bring back.
-type server struct {
-	reg  *srfake.Registry
-	addr string
-	mu   sync.Mutex
-	srv  *http.Server
-}
+// server is the fake registry with a client helper.
+type server struct{ *srtest.Server }
 
-func startServer(t *testing.T) *server {
-	t.Helper()
-	s := &server{reg: srfake.New()}
-	t.Cleanup(s.reg.Close)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.addr = l.Addr().String()
-	s.serve(l)
-	t.Cleanup(s.down)
-	return s
-}
-
-func (s *server) serve(l net.Listener) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.srv = &http.Server{Handler: s.reg.Handler(), ReadHeaderTimeout: time.Second}
-	go s.srv.Serve(l) //nolint:errcheck // ends with ErrServerClosed
-}
-
-func (s *server) down() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.srv != nil {
-		s.srv.Close()
-		s.srv = nil
-	}
-}
-
-func (s *server) up(t *testing.T) {
-	l, err := net.Listen("tcp", s.addr)
-	if err != nil {
-		t.Errorf("relisten on %s: %v", s.addr, err)
-		return
-	}
-	s.serve(l)
-}
+func startServer(t *testing.T) *server { return &server{srtest.Start(t)} }
 
 func (s *server) client(t *testing.T) *sr.Client {
 	t.Helper()
-	cl, err := NewClient(Config{URLs: []string{"http://" + s.addr}, RequestTimeout: 2 * time.Second})
+	cl, err := NewClient(Config{URLs: []string{s.URL()}, RequestTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +145,7 @@ func TestResolvedIDsAreCached(t *testing.T) {
 	}
 	var calls int
 	var mu sync.Mutex
-	s.reg.Intercept(func(_ http.ResponseWriter, r *http.Request) bool {
+	s.Reg.Intercept(func(_ http.ResponseWriter, r *http.Request) bool {
 		mu.Lock()
 		calls++
 		mu.Unlock()
@@ -201,7 +157,7 @@ func TestResolvedIDsAreCached(t *testing.T) {
 	if rej := d.Decode(v, 0, false, &tx); rej != nil {
 		t.Fatal(rej)
 	}
-	s.down()
+	s.Down()
 	for range 100 {
 		if err := d.Prepare(ctx, v); err != nil {
 			t.Fatalf("Prepare of a cached id with the registry down: %v", err)
@@ -222,21 +178,21 @@ func TestOutageIsRetryNotRejection(t *testing.T) {
 		name   string
 		break_ func(s *server)
 	}{
-		{"connection refused", func(s *server) { s.down() }},
+		{"connection refused", func(s *server) { s.Down() }},
 		{"503 from the registry", func(s *server) {
-			s.reg.Intercept(func(w http.ResponseWriter, _ *http.Request) bool {
+			s.Reg.Intercept(func(w http.ResponseWriter, _ *http.Request) bool {
 				http.Error(w, `{"error_code":50301,"message":"overloaded"}`, http.StatusServiceUnavailable)
 				return true
 			})
 		}},
 		{"bare 404 from a proxy (wrong path), not the registry's 40403", func(s *server) {
-			s.reg.Intercept(func(w http.ResponseWriter, _ *http.Request) bool {
+			s.Reg.Intercept(func(w http.ResponseWriter, _ *http.Request) bool {
 				http.Error(w, "<html>not here</html>", http.StatusNotFound)
 				return true
 			})
 		}},
 		{"401: credentials rejected", func(s *server) {
-			s.reg.Intercept(func(w http.ResponseWriter, _ *http.Request) bool {
+			s.Reg.Intercept(func(w http.ResponseWriter, _ *http.Request) bool {
 				http.Error(w, `{"error_code":40101,"message":"unauthorized"}`, http.StatusUnauthorized)
 				return true
 			})
@@ -260,10 +216,8 @@ func TestOutageIsRetryNotRejection(t *testing.T) {
 					t.Fatalf("Prepare during the outage: %v, want ErrUnavailable", err)
 				}
 			}
-			s.reg.ClearInterceptors()
-			if s.srv == nil {
-				s.up(t)
-			}
+			s.Reg.ClearInterceptors()
+			s.Up(t) // a no-op unless the case took it down
 			if err := d.Prepare(ctx, v); err != nil {
 				t.Fatalf("Prepare after the outage: %v", err)
 			}
@@ -285,7 +239,7 @@ func TestDecodeWaitsOutAnOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.down()
+	s.Down()
 	d := NewDecoder(ctx, cl, codec.Limits{})
 	d.minBackoff, d.maxBackoff = 10*time.Millisecond, 50*time.Millisecond
 	retried := make(chan struct{}, 100)
@@ -293,7 +247,7 @@ func TestDecodeWaitsOutAnOutage(t *testing.T) {
 	go func() {
 		<-retried
 		<-retried // two failed attempts, then the registry comes back
-		s.up(t)
+		s.Up(t)
 	}()
 	var tx codec.Transaction
 	if rej := d.Decode(wire(t, ss.ID, schemas.Transaction, txDatum("e1", "c")), 0, false, &tx); rej != nil {
@@ -308,7 +262,7 @@ func TestDecodeWaitsOutAnOutage(t *testing.T) {
 func TestDecodeWaitEndsWithContext(t *testing.T) {
 	s := startServer(t)
 	cl := s.client(t)
-	s.down()
+	s.Down()
 	ctx, cancel := context.WithCancel(context.Background())
 	d := NewDecoder(ctx, cl, codec.Limits{})
 	d.minBackoff = 10 * time.Millisecond
@@ -370,7 +324,7 @@ func TestRegisterOutput(t *testing.T) {
 	if err != nil || got.Schema == "" {
 		t.Fatalf("registered schema %d not served: %v", id1, err)
 	}
-	s.down()
+	s.Down()
 	if _, _, err := RegisterOutput(ctx, cl, "features-value", schemas.VelocityFeatures); err == nil ||
 		!strings.Contains(err.Error(), `subject "features-value"`) {
 		t.Fatalf("RegisterOutput with the registry down: %v, want an error naming the subject", err)
