@@ -16,7 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"time"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/watermark"
@@ -127,6 +126,7 @@ type Processor struct {
 	out      Output
 	released []watermark.Event
 	buf      []byte
+	keyBuf   []byte
 }
 
 // New builds a Processor with empty state that will start at offset next.
@@ -287,9 +287,12 @@ func (p *Processor) apply(ev *watermark.Event, late bool, emit func(*Output)) er
 	f.SourceOffset = ev.Offset
 	p.buf = codec.AppendFeatures(p.buf[:0], f)
 
+	// The key gets a buffer of its own: p.out.Key may still point at a dead
+	// letter's source record, whose backing array belongs to the fetch.
+	p.keyBuf = append(p.keyBuf[:0], ev.EntityID...)
 	o := &p.out
 	*o = Output{
-		Key:             appendString(o.Key[:0], ev.EntityID),
+		Key:             p.keyBuf,
 		Value:           p.buf,
 		SourceTopic:     p.cfg.Topic,
 		SourcePartition: p.cfg.Partition,
@@ -302,8 +305,6 @@ func (p *Processor) apply(ev *watermark.Event, late bool, emit func(*Output)) er
 	emit(o)
 	return nil
 }
-
-func appendString(dst []byte, s string) []byte { return append(dst, s...) }
 
 func (p *Processor) dead(r *Record, reason codec.Reason, detail string, emit func(*Output)) {
 	p.out = Output{
@@ -414,6 +415,3 @@ func section(b []byte) (sec, rest []byte, err error) {
 	}
 	return b[8 : 8+n], b[8+n:], nil
 }
-
-// ArrivalNow is the wall-clock stamp the live service puts on each record.
-func ArrivalNow() int64 { return time.Now().UnixNano() }

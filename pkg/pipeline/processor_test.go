@@ -369,3 +369,23 @@ func BenchmarkProcess(b *testing.B) {
 		p.Process(Record{Offset: int64(i), Value: vals[i]}, emit)
 	}
 }
+
+// TestOutputsNeverWriteIntoInputBuffers: a dead letter's key is the source
+// record's own slice, which for a fetched batch shares its backing array with
+// the records after it. The next features record's key must not be built in
+// that array.
+func TestOutputsNeverWriteIntoInputBuffers(t *testing.T) {
+	p := newTestProcessor(t, "10s:1s", 0, LateDLQ)
+	fetch := []byte("k|NEXT-RECORD-BYTES")
+	deadKey := fetch[:1:len(fetch)] // spare capacity runs into the next record
+	p.Process(Record{Offset: 0, Key: deadKey, Value: []byte{0xff}}, func(*Output) {})
+	tx := codec.Transaction{EventID: "e", EntityID: "a-long-entity-id", AmountMinor: 1, EventTime: exampleT}
+	var key string
+	p.Process(Record{Offset: 1, Key: []byte(tx.EntityID), Value: codec.EncodeTransaction(&tx)}, func(o *Output) { key = string(o.Key) })
+	if string(fetch) != "k|NEXT-RECORD-BYTES" {
+		t.Fatalf("input buffer overwritten: %q", fetch)
+	}
+	if key != tx.EntityID {
+		t.Fatalf("features key %q, want %q", key, tx.EntityID)
+	}
+}
