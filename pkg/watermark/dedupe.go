@@ -21,41 +21,43 @@ type idEntry struct {
 	t int64
 }
 
-// idRing is a growable FIFO of accepted ids in acceptance order. It reuses its backing
-// array, so steady-state acceptance and expiry allocate nothing.
+// idRing is the FIFO of accepted ids in acceptance order, kept in fixed-size blocks.
+//
+// Blocks, not one growable array, for two reasons. Growing never copies the live ids
+// (at millions of ids a doubling copy stalled the partition for tens of ms). And an
+// entry is never written again once pushed, so a snapshot can take a view of the
+// blocks (idView) and encode them on another goroutine while the stage goes on
+// pushing and popping: while any view is open, popped blocks are left to the
+// garbage collector instead of being reused, so nothing a view reads is overwritten.
+// With no view open, steady-state acceptance and expiry allocate nothing.
 type idRing struct {
-	buf  []idEntry // len(buf) is 0 or a power of two
-	head int
-	n    int
+	blocks []*idBlock // blocks[0] holds the front entry at index head
+	head   int
+	n      int
+	spare  []*idBlock // popped blocks, reused when no view is open
+	views  int        // views taken and not yet released
 }
 
+const idBlockLen = 2048 // 48 KiB per block
+
+type idBlock [idBlockLen]idEntry
+
 func (r *idRing) push(e idEntry) {
-	if r.n == len(r.buf) {
-		r.grow()
+	i := r.head + r.n
+	if i/idBlockLen == len(r.blocks) {
+		r.blocks = append(r.blocks, r.newBlock())
 	}
-	r.buf[(r.head+r.n)&(len(r.buf)-1)] = e
+	r.blocks[i/idBlockLen][i%idBlockLen] = e
 	r.n++
 }
 
-func (r *idRing) grow() {
-	size := 2 * len(r.buf)
-	if size == 0 {
-		size = 64
+func (r *idRing) newBlock() *idBlock {
+	if k := len(r.spare); k > 0 {
+		b := r.spare[k-1]
+		r.spare = r.spare[:k-1]
+		return b
 	}
-	buf := make([]idEntry, size)
-	for i := 0; i < r.n; i++ {
-		buf[i] = r.buf[(r.head+i)&(len(r.buf)-1)]
-	}
-	r.buf = buf
-	r.head = 0
-}
-
-// presize gives an empty ring room for n entries at once: a restore knows its
-// count, and doubling step by step reallocated and copied gigabytes for large ones.
-func (r *idRing) presize(n int) {
-	if r.n == 0 && n > len(r.buf) {
-		r.buf, r.head = make([]idEntry, pow2AtLeast(n)), 0
-	}
+	return new(idBlock)
 }
 
 // pow2AtLeast is the smallest power of two >= n (and >= 1).
@@ -67,30 +69,107 @@ func pow2AtLeast(n int) int {
 	return size
 }
 
-func (r *idRing) front() idEntry { return r.buf[r.head] }
+func (r *idRing) front() idEntry { return r.blocks[0][r.head] }
 
 func (r *idRing) pop() {
-	r.head = (r.head + 1) & (len(r.buf) - 1)
+	r.head++
 	r.n--
+	if r.head < idBlockLen {
+		return // an emptied ring goes on filling its front block from head
+	}
+	// The front block is used up: reuse it, unless a view may still read it or
+	// enough are kept already (a burst's blocks go back to the collector).
+	if r.views == 0 && len(r.spare) < maxSpareBlocks {
+		r.spare = append(r.spare, r.blocks[0])
+	}
+	r.blocks[0] = nil
+	r.blocks = r.blocks[1:]
+	r.head = 0
 }
 
-func (r *idRing) at(i int) idEntry { return r.buf[(r.head+i)&(len(r.buf)-1)] }
+const maxSpareBlocks = 4
 
-// idTable maps an id hash to the event time of its latest acceptance. It is an
-// open-addressing table with linear probing and backward-shift deletion: the keys are
-// already uniform 128-bit hashes, so the low bits index the table directly, and deleting
-// leaves no tombstones. (The built-in map was tried first: under the steady insert/expire
-// churn of a sliding horizon its probe sequences grew until a lookup cost ~600 ns.)
-// The all-zero key marks an empty slot; hashID never returns it.
+func (r *idRing) at(i int) idEntry {
+	i += r.head
+	return r.blocks[i/idBlockLen][i%idBlockLen]
+}
+
+// idView is the ring's entries at one moment. It stays valid and unchanged while the
+// stage goes on, until release; reading it from another goroutine is safe, since the
+// stage never writes the entries it covers (see idRing).
+type idView struct {
+	blocks []*idBlock
+	head   int
+	n      int
+}
+
+// view opens a view of the current entries. Every view must be released on the
+// stage's goroutine; one that is not only costs allocations.
+func (r *idRing) view() idView {
+	r.views++
+	return idView{blocks: append([]*idBlock(nil), r.blocks...), head: r.head, n: r.n}
+}
+
+func (r *idRing) release() {
+	if r.views > 0 {
+		r.views--
+	}
+}
+
+func (v *idView) at(i int) idEntry {
+	i += v.head
+	return v.blocks[i/idBlockLen][i%idBlockLen]
+}
+
+// idTable maps an id hash to the event time of its latest acceptance. It is split into
+// idShards independent tables by the hash's top bits, so that growing one (a rehash
+// of everything in it, on the partition goroutine) costs 1/idShards of the whole
+// set: at millions of ids one table's doubling stalled the partition for ~100 ms.
 type idTable struct {
+	shards [idShards]idShard
+}
+
+const idShards = 64
+
+func (m *idTable) shard(k idKey) *idShard { return &m.shards[k.hi>>58] }
+
+func (m *idTable) len() int {
+	n := 0
+	for i := range m.shards {
+		n += m.shards[i].n
+	}
+	return n
+}
+
+func (m *idTable) get(k idKey) (int64, bool) { return m.shard(k).get(k) }
+
+func (m *idTable) set(k idKey, t int64) { m.shard(k).set(k, t) }
+
+func (m *idTable) delOlder(k idKey, floor int64) { m.shard(k).delOlder(k, floor) }
+
+func (m *idTable) del(k idKey) { m.shard(k).del(k) }
+
+// presize gives an empty table room for n keys at once (see idShard.presize).
+func (m *idTable) presize(n int) {
+	per := n/idShards + n/(4*idShards) + 16 // the hash spreads keys evenly; a little slack
+	for i := range m.shards {
+		m.shards[i].presize(per)
+	}
+}
+
+// idShard is one open-addressing table with linear probing and backward-shift
+// deletion: the keys are already uniform 128-bit hashes, so the low bits index the
+// table directly, and deleting leaves no tombstones. (The built-in map was tried
+// first: under the steady insert/expire churn of a sliding horizon its probe
+// sequences grew until a lookup cost ~600 ns.) The all-zero key marks an empty slot;
+// hashID never returns it.
+type idShard struct {
 	slots []idEntry // len is 0 or a power of two, at most half full
 	n     int
 }
 
-func (m *idTable) len() int { return m.n }
-
 // find returns the slot holding k, or the empty slot where k would go.
-func (m *idTable) find(k idKey) (int, bool) {
+func (m *idShard) find(k idKey) (int, bool) {
 	mask := len(m.slots) - 1
 	for i := int(k.lo) & mask; ; i = (i + 1) & mask {
 		e := &m.slots[i]
@@ -103,7 +182,7 @@ func (m *idTable) find(k idKey) (int, bool) {
 	}
 }
 
-func (m *idTable) get(k idKey) (int64, bool) {
+func (m *idShard) get(k idKey) (int64, bool) {
 	if m.n == 0 {
 		return 0, false
 	}
@@ -111,17 +190,17 @@ func (m *idTable) get(k idKey) (int64, bool) {
 	return m.slots[i].t, ok
 }
 
-func (m *idTable) set(k idKey, t int64) {
+func (m *idShard) set(k idKey, t int64) {
 	m.reserve()
 	i, ok := m.find(k)
 	m.putAt(i, ok, k, t)
 }
 
-func (m *idTable) grow() {
+func (m *idShard) grow() {
 	old := m.slots
 	size := 2 * len(old)
 	if size == 0 {
-		size = 1024
+		size = 16
 	}
 	m.slots = make([]idEntry, size)
 	for _, e := range old {
@@ -132,24 +211,24 @@ func (m *idTable) grow() {
 	}
 }
 
-// presize gives an empty table room for n keys at its load factor at once (see
-// idRing.presize for why).
-func (m *idTable) presize(n int) {
+// presize gives an empty table room for n keys at its load factor at once (doubling
+// step by step on a large restore rehashed the same keys again and again).
+func (m *idShard) presize(n int) {
 	if m.n == 0 && 2*n > len(m.slots) {
-		m.slots = make([]idEntry, pow2AtLeast(max(2*n, 1024)))
+		m.slots = make([]idEntry, pow2AtLeast(max(2*n, 16)))
 	}
 }
 
 // reserve makes room for one more key, so that a slot found next stays valid for
 // putAt even if the key turns out to be new.
-func (m *idTable) reserve() {
+func (m *idShard) reserve() {
 	if 2*(m.n+1) > len(m.slots) {
 		m.grow()
 	}
 }
 
 // putAt stores k at slot i, as returned by find after reserve.
-func (m *idTable) putAt(i int, found bool, k idKey, t int64) {
+func (m *idShard) putAt(i int, found bool, k idKey, t int64) {
 	if !found {
 		m.slots[i].k = k
 		m.n++
@@ -158,7 +237,7 @@ func (m *idTable) putAt(i int, found bool, k idKey, t int64) {
 }
 
 // delOlder removes k if present with a time before floor, in one probe.
-func (m *idTable) delOlder(k idKey, floor int64) {
+func (m *idShard) delOlder(k idKey, floor int64) {
 	if m.n == 0 {
 		return
 	}
@@ -168,7 +247,7 @@ func (m *idTable) delOlder(k idKey, floor int64) {
 }
 
 // del removes k if present.
-func (m *idTable) del(k idKey) {
+func (m *idShard) del(k idKey) {
 	if m.n == 0 {
 		return
 	}
@@ -179,7 +258,7 @@ func (m *idTable) del(k idKey) {
 
 // delAt empties slot i (Knuth's algorithm R: later entries of the probe run move back
 // into the hole unless their home slot lies cyclically after it, so no tombstones).
-func (m *idTable) delAt(i int) {
+func (m *idShard) delAt(i int) {
 	mask := len(m.slots) - 1
 	for j := i; ; {
 		j = (j + 1) & mask

@@ -61,7 +61,7 @@ func (r *eventRing) push(q queued) {
 	r.n++
 }
 
-// presize gives an empty ring room for n events at once (see idRing.presize).
+// presize gives an empty ring room for n events at once (see idShard.presize).
 func (r *eventRing) presize(n int) {
 	if r.n == 0 && n > len(r.buf) {
 		r.buf, r.head = make([]queued, pow2AtLeast(n)), 0

@@ -36,6 +36,33 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // a restored stage snapshots to exactly the bytes it was restored from.
 func (s *Stage) AppendSnapshot(dst []byte) []byte {
 	start := len(dst)
+	dst, p := s.BeginSnapshot(dst)
+	dst = p.Finish(dst, start)
+	s.EndSnapshot(p)
+	return dst
+}
+
+// PendingSnapshot is the rest of a snapshot begun by BeginSnapshot: the list of
+// accepted ids, which at a 24 h horizon holds millions of entries and is most of the
+// bytes. Finish may run on another goroutine while the Stage goes on (the ids it
+// encodes are a view that the Stage does not write); it gives exactly the bytes
+// AppendSnapshot would have given at BeginSnapshot.
+type PendingSnapshot struct {
+	headLen int
+	view    idView
+	floor   int64 // ids accepted before floor are out of the horizon: skipped
+	all     bool  // no event seen yet: every id is live
+	sync    bool  // ids already encoded by BeginSnapshot
+	open    bool  // view not yet released
+}
+
+// BeginSnapshot appends the part of the stage's snapshot that is cheap to encode (the
+// header and the pending events) to dst and returns it with the rest, for
+// PendingSnapshot.Finish. Every PendingSnapshot must be passed to EndSnapshot, on the
+// Stage's goroutine, after Finish; until then the Stage keeps the blocks the ids were
+// in (which costs allocations, never correctness).
+func (s *Stage) BeginSnapshot(dst []byte) ([]byte, *PendingSnapshot) {
+	start := len(dst)
 	dst = append(dst, snapMagic...)
 	var flags byte
 	if s.hasMax {
@@ -69,34 +96,79 @@ func (s *Stage) AppendSnapshot(dst []byte) []byte {
 		}
 	}
 
-	countAt := len(dst)
-	dst = binary.LittleEndian.AppendUint32(dst, 0)
-	var n uint32
-	if s.dedupe {
+	p := &PendingSnapshot{floor: satSub(s.maxSeen, s.horizon), all: !s.hasMax}
+	switch {
+	case !s.dedupe:
+		p.sync = true
+		dst = binary.LittleEndian.AppendUint32(dst, 0)
+	case s.superseded:
+		// The ring may hold two live entries for an id, and only a probe of the id
+		// table (which the Stage goes on changing) tells which is current, so these
+		// are encoded now. Only --late=apply gets here, by Remember.
+		p.sync = true
+		countAt := len(dst)
+		dst = binary.LittleEndian.AppendUint32(dst, 0)
+		var n uint32
 		for i := 0; i < s.ring.n; i++ {
 			e := s.ring.at(i)
-			// Skip entries superseded by a later acceptance of the same id and entries
-			// already out of the horizon: neither can affect a future decision. An
-			// id is accepted again only once its earlier entry is out of the horizon
-			// (else it is a duplicate), so liveness alone tells unless Remember
-			// replaced a live entry (see Stage.superseded).
 			if !s.live(e.t) {
 				continue
 			}
-			if s.superseded {
-				if t0, ok := s.ids.get(e.k); !ok || t0 != e.t {
-					continue
-				}
+			if t0, ok := s.ids.get(e.k); !ok || t0 != e.t {
+				continue
 			}
-			dst = binary.LittleEndian.AppendUint64(dst, e.k.hi)
-			dst = binary.LittleEndian.AppendUint64(dst, e.k.lo)
-			dst = binary.LittleEndian.AppendUint64(dst, uint64(e.t))
+			dst = appendID(dst, e)
 			n++
 		}
+		binary.LittleEndian.PutUint32(dst[countAt:], n)
+	default:
+		p.view, p.open = s.ring.view(), true
 	}
-	binary.LittleEndian.PutUint32(dst[countAt:], n)
+	p.headLen = len(dst) - start
+	return dst, p
+}
 
+// Finish appends the rest of the snapshot to dst, whose bytes from start on must be
+// exactly those BeginSnapshot appended, and returns the extended slice.
+func (p *PendingSnapshot) Finish(dst []byte, start int) []byte {
+	if len(dst)-start != p.headLen {
+		panic("watermark: PendingSnapshot.Finish on bytes other than BeginSnapshot's")
+	}
+	if !p.sync {
+		countAt := len(dst)
+		dst = binary.LittleEndian.AppendUint32(dst, 0)
+		dst = slices.Grow(dst, p.view.n*idEntryLen+crcLen)
+		var n uint32
+		for i := 0; i < p.view.n; i++ {
+			e := p.view.at(i)
+			// Skip entries already out of the horizon: they cannot affect a future
+			// decision. Without superseded entries (see Stage.superseded) a live
+			// entry is the id's current one.
+			if !p.all && e.t < p.floor {
+				continue
+			}
+			dst = appendID(dst, e)
+			n++
+		}
+		binary.LittleEndian.PutUint32(dst[countAt:], n)
+	}
 	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
+}
+
+// EndSnapshot releases what p kept of the stage. Call it on the Stage's goroutine once
+// Finish has returned (or will never be called).
+func (s *Stage) EndSnapshot(p *PendingSnapshot) {
+	if p != nil && p.open {
+		p.open = false
+		p.view = idView{}
+		s.ring.release()
+	}
+}
+
+func appendID(dst []byte, e idEntry) []byte {
+	dst = binary.LittleEndian.AppendUint64(dst, e.k.hi)
+	dst = binary.LittleEndian.AppendUint64(dst, e.k.lo)
+	return binary.LittleEndian.AppendUint64(dst, uint64(e.t))
 }
 
 func appendEvent(dst []byte, ev *Event) []byte {
@@ -255,7 +327,6 @@ func (s *Stage) decode(b []byte) error {
 	// influence nothing, so a repeat among them is harmless).
 	if s.dedupe {
 		s.ids.presize(int(ni))
-		s.ring.presize(int(ni))
 	}
 	for range ni {
 		k := idKey{hi: r.u64("id hash"), lo: r.u64("id hash")}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
 	"slices"
@@ -174,5 +175,76 @@ func TestSnapshotSkipsSupersededRemember(t *testing.T) {
 	}
 	if got := r.AppendSnapshot(nil); !bytes.Equal(got, sa) {
 		t.Fatal("restored stage snapshots differently")
+	}
+}
+
+// TestPendingSnapshotWhileStageGoesOn begins snapshots at many points of a long
+// stream, finishes each on another goroutine while the stage goes on accepting and
+// expiring thousands of ids (so blocks are popped, recycled and pushed meanwhile), and
+// checks that every one is byte for byte what AppendSnapshot gave at its beginning.
+// Run with -race: the finishing goroutine reads the id blocks the stage writes around.
+func TestPendingSnapshotWhileStageGoesOn(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		cfg   Config
+		late  bool // Remember late ids, which makes the stage superseded (sync path)
+		dedup bool
+	}{
+		{"dedupe", Config{AllowedLateness: 50, DedupeHorizon: 3000}, false, true},
+		{"dedupe with remember", Config{AllowedLateness: 50, DedupeHorizon: 3000}, true, true},
+		{"no dedupe", Config{AllowedLateness: 50, DisableDedupe: true}, false, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := rand.New(rand.NewPCG(7, 7))
+			s := mustNew(t, c.cfg)
+			var out []Event
+			now := int64(0)
+			off := int64(0)
+			step := func(n int) {
+				for range n {
+					now += int64(r.IntN(3))
+					ts := now - int64(r.IntN(80)) // some late, some out of order
+					id := fmt.Sprintf("e%d", r.IntN(20000))
+					s.Offer(Event{Offset: off, EventTime: ts, EventID: id, EntityID: "x", Size: 1})
+					if c.late && r.IntN(50) == 0 {
+						s.Remember(fmt.Sprintf("e%d", r.IntN(20000)), now-int64(r.IntN(2000)))
+					}
+					off++
+					out = s.Ready(out[:0])
+				}
+			}
+			for round := range 12 {
+				step(1000 + r.IntN(9000))
+				want := s.AppendSnapshot(nil)
+				prefix := []byte("prefix")
+				buf, p := s.BeginSnapshot(prefix)
+				var got []byte
+				if round%2 == 0 {
+					// Finish after the stage went on: every block it reads had its
+					// chance to be overwritten.
+					step(5000)
+					got = p.Finish(buf, len(prefix))
+				} else {
+					// Finish at the same time (for the race detector).
+					done := make(chan []byte)
+					go func() { done <- p.Finish(buf, len(prefix)) }()
+					step(5000)
+					got = <-done
+				}
+				s.EndSnapshot(p)
+				if !bytes.Equal(got[len(prefix):], want) || string(got[:len(prefix)]) != "prefix" {
+					t.Fatalf("round %d: deferred snapshot differs from AppendSnapshot at its beginning (%d vs %d bytes)", round, len(got)-len(prefix), len(want))
+				}
+				if _, err := Restore(c.cfg, got[len(prefix):]); err != nil {
+					t.Fatalf("round %d: restore: %v", round, err)
+				}
+				if s.ring.views != 0 {
+					t.Fatalf("round %d: %d views left open", round, s.ring.views)
+				}
+			}
+			if c.dedup && s.ids.len() == 0 {
+				t.Fatal("the stream left no ids: the test did not exercise the id list")
+			}
+		})
 	}
 }

@@ -231,14 +231,16 @@ func (s *Stage) Offer(ev Event) Verdict {
 	}
 	var (
 		k     idKey
+		sh    *idShard
 		slot  int
 		found bool
 	)
 	if s.dedupe {
 		k = hashID(ev.EventID)
-		s.ids.reserve()
-		slot, found = s.ids.find(k)
-		if found && s.live(s.ids.slots[slot].t) {
+		sh = s.ids.shard(k)
+		sh.reserve()
+		slot, found = sh.find(k)
+		if found && s.live(sh.slots[slot].t) {
 			return Duplicate
 		}
 	}
@@ -250,7 +252,7 @@ func (s *Stage) Offer(ev Event) Verdict {
 		// after expiry; either way the new time is the one to remember. It is stored
 		// before expire runs, because expire may shift slots; it survives expire since
 		// its time is >= wm >= maxSeen − horizon (horizon >= lateness).
-		s.ids.putAt(slot, found, k, ev.EventTime)
+		sh.putAt(slot, found, k, ev.EventTime)
 		s.ring.push(idEntry{k: k, t: ev.EventTime})
 	}
 	if !s.hasMax || ev.EventTime > s.maxSeen {
