@@ -25,6 +25,11 @@ type Metrics struct {
 	EntitiesEvicted   *prometheus.CounterVec
 	CheckpointSeconds prometheus.Histogram
 	CheckpointBytes   *prometheus.GaugeVec
+	// CheckpointPause is each stop of a partition's processing to take a snapshot of
+	// its state: one per checkpoint with --exactly-once, and in the default mode
+	// the beginning and each ~1 ms step (the rest, flush, save and commit, runs
+	// beside the partition).
+	CheckpointPause   prometheus.Histogram
 	CheckpointErrors  prometheus.Counter
 	SnapshotFallbacks prometheus.Counter
 	CommitErrors      prometheus.Counter
@@ -72,6 +77,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "velocity_checkpoint_duration_seconds", Help: "Time to flush, snapshot and commit one partition.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 		}),
+		CheckpointPause: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "velocity_checkpoint_pause_seconds", Help: "Each stop of a partition's processing to take a checkpoint's snapshot of its state (in the default mode, the snapshot is taken in steps of about 1 ms).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}),
 		CheckpointBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "velocity_checkpoint_size_bytes", Help: "Size of the partition's last snapshot.",
 		}, part),
@@ -99,7 +108,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(
 		m.RecordsIn, m.Features, m.DeadLetters, m.LateApplied, m.ReorderBuffer, m.WatermarkLag,
-		m.Latency, m.Entities, m.EntitiesEvicted, m.CheckpointSeconds, m.CheckpointBytes,
+		m.Latency, m.Entities, m.EntitiesEvicted, m.CheckpointSeconds, m.CheckpointPause, m.CheckpointBytes,
 		m.CheckpointErrors, m.SnapshotFallbacks, m.CommitErrors, m.ProduceErrors,
 		m.PausedPartitions, m.ConsumerLag, m.AssignedPartition,
 		collectors.NewGoCollector(),

@@ -15,6 +15,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
@@ -350,20 +351,80 @@ var snapMagic = [4]byte{'V', 'C', 'P', '1'}
 
 // AppendSnapshot appends the processor's whole state, deterministically.
 func (p *Processor) AppendSnapshot(dst []byte) []byte {
-	dst = append(dst, snapMagic[:]...)
-	dst = binary.BigEndian.AppendUint64(dst, uint64(p.next))
-	dst = binary.BigEndian.AppendUint64(dst, uint64(p.lastSweep))
-	dst = appendSection(dst, func(b []byte) []byte { return p.stage.AppendSnapshot(b) })
-	dst = appendSection(dst, func(b []byte) []byte { return p.table.AppendSnapshot(b) })
+	ps := p.BeginSnapshot(dst)
+	ps.Step(math.MaxInt)
+	dst = ps.Finish()
+	p.EndSnapshot(ps)
 	return dst
 }
 
-func appendSection(dst []byte, fn func([]byte) []byte) []byte {
-	at := len(dst)
-	dst = append(dst, 0, 0, 0, 0, 0, 0, 0, 0)
-	dst = fn(dst)
-	binary.BigEndian.PutUint64(dst[at:], uint64(len(dst)-at-8))
-	return dst
+// PendingSnapshot is a snapshot begun by BeginSnapshot: the processor's state as it
+// was then, taken in Steps while the Processor goes on. Once Step reports it complete,
+// Finish may run on another goroutine, and gives exactly the bytes AppendSnapshot would
+// have given at BeginSnapshot.
+type PendingSnapshot struct {
+	buf        []byte
+	stageLenAt int
+	stage      *watermark.PendingSnapshot
+	table      *window.PendingSnapshot
+	finished   bool
+}
+
+// BeginSnapshot starts a snapshot of the processor's state as it is now, to be
+// appended to buf as AppendSnapshot does, while stopping the Processor's goroutine as
+// little as possible: it encodes the pending events and takes a view of the dedupe
+// ids (which the stage never rewrites); the window table's entities are encoded a
+// share at a time by Step (and any the Processor is about to change, first); the id
+// list (most of the bytes at a long horizon), sorting and checksumming are left to
+// Finish. Call Step between Process calls until it returns true, then Finish, then
+// EndSnapshot on the Processor's goroutine.
+func (p *Processor) BeginSnapshot(buf []byte) *PendingSnapshot {
+	buf = append(buf, snapMagic[:]...)
+	buf = binary.BigEndian.AppendUint64(buf, uint64(p.next))
+	buf = binary.BigEndian.AppendUint64(buf, uint64(p.lastSweep))
+	ps := &PendingSnapshot{stageLenAt: len(buf)}
+	buf = append(buf, 0, 0, 0, 0, 0, 0, 0, 0)
+	ps.buf, ps.stage = p.stage.BeginSnapshot(buf)
+	ps.table = p.table.BeginSnapshot()
+	return ps
+}
+
+// Step encodes up to budget more entities of the window table and reports whether
+// the snapshot is ready for Finish. Call it on the Processor's goroutine.
+func (ps *PendingSnapshot) Step(budget int) bool { return ps.table.Step(budget) }
+
+// Finish completes the snapshot and returns it: the buf given to BeginSnapshot,
+// extended. Call it once, after Step returned true.
+func (ps *PendingSnapshot) Finish() []byte {
+	if ps.finished {
+		panic("pipeline: PendingSnapshot.Finish called twice")
+	}
+	ps.finished = true
+	buf := ps.stage.Finish(ps.buf, ps.stageLenAt+8)
+	binary.BigEndian.PutUint64(buf[ps.stageLenAt:], uint64(len(buf)-ps.stageLenAt-8))
+	tableLenAt := len(buf)
+	buf = append(buf, 0, 0, 0, 0, 0, 0, 0, 0)
+	buf = ps.table.AppendTo(buf)
+	binary.BigEndian.PutUint64(buf[tableLenAt:], uint64(len(buf)-tableLenAt-8))
+	ps.buf = buf
+	return buf
+}
+
+// Bytes returns the snapshot Finish returned (nil before), so that a caller can reuse
+// its buffer once done with it.
+func (ps *PendingSnapshot) Bytes() []byte {
+	if !ps.finished {
+		return nil
+	}
+	return ps.buf
+}
+
+// EndSnapshot releases what ps kept of the processor's state; call it on the
+// Processor's goroutine after ps.Finish returned. A snapshot never ended costs
+// allocations, not correctness.
+func (p *Processor) EndSnapshot(ps *PendingSnapshot) {
+	p.stage.EndSnapshot(ps.stage)
+	p.table.EndSnapshot(ps.table)
 }
 
 // Restore builds a Processor from a snapshot made by AppendSnapshot with the same

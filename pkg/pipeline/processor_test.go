@@ -3,6 +3,7 @@ package pipeline
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -258,6 +259,18 @@ func TestSnapshotResume(t *testing.T) {
 		if again := a.AppendSnapshot(nil); !bytes.Equal(snap, again) {
 			t.Fatalf("cut %d: snapshot not deterministic", cut)
 		}
+		// The same snapshot begun here and finished only after a went on to the
+		// end of the stream: what the background checkpoint does.
+		ps := a.BeginSnapshot([]byte("x"))
+		for _, r := range records[cut:] {
+			ps.Step(1)
+			a.Process(r, func(*Output) {})
+		}
+		ps.Step(math.MaxInt)
+		if deferred := ps.Finish(); !bytes.Equal(deferred[1:], snap) || deferred[0] != 'x' {
+			t.Fatalf("cut %d: snapshot finished later differs from AppendSnapshot at its beginning", cut)
+		}
+		a.EndSnapshot(ps)
 		b, err := Restore(a.cfg, snap)
 		if err != nil {
 			t.Fatalf("cut %d: restore: %v", cut, err)

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -20,8 +21,8 @@ import (
 )
 
 type bgResult struct {
-	buf []byte
-	err error
+	snap *pipeline.PendingSnapshot
+	err  error
 }
 
 type batch struct {
@@ -62,6 +63,7 @@ type worker struct {
 	lastNext int64 // next offset at the last checkpoint
 	dirty    bool  // state changed since the last checkpoint
 	snapBuf  []byte
+	sweep    *sweep // a background checkpoint still taking its snapshot, or nil
 	// bgBusy is set while a background checkpoint (default mode) waits for
 	// its outputs, saves and commits; bgDone returns its buffer and error.
 	bgBusy    bool
@@ -121,7 +123,9 @@ func (w *worker) run() {
 		select {
 		case b := <-w.in:
 			w.process(b)
+			w.advanceSweep(sweepSlice)
 		case <-tick.C:
+			w.advanceSweep(sweepIdleSlice)
 			if len(w.held) > 0 {
 				// A partition held for the registry is not idle: do not let
 				// the idle timeout release its reorder buffer meanwhile.
@@ -145,10 +149,8 @@ func (w *worker) run() {
 			}
 			w.updateGauges()
 		case res := <-w.bgDone:
-			w.bgBusy = false
-			w.snapBuf = res.buf[:0]
-			if res.err != nil {
-				w.s.fail(res.err)
+			if err := w.backgroundDone(res); err != nil {
+				w.s.fail(err)
 				w.drainQuit()
 				return
 			}
@@ -166,6 +168,7 @@ func (w *worker) run() {
 					}
 					break
 				}
+				w.completeSweep()
 				err := w.waitBackground()
 				if err == nil {
 					err = w.checkpoint()
@@ -341,7 +344,9 @@ func (w *worker) checkpoint() error {
 		return fmt.Errorf("partition %d: flush before checkpoint: %w", w.part, err)
 	}
 	next := w.proc.Next()
+	snapStart := time.Now()
 	w.snapBuf = w.proc.AppendSnapshot(w.snapBuf[:0])
+	w.s.m.CheckpointPause.Observe(time.Since(snapStart).Seconds())
 	if err := w.s.cfg.Store.Save(ctx, w.s.key(w.part), checkpoint.Snapshot{Next: next, State: w.snapBuf}); err != nil {
 		w.s.m.CheckpointErrors.Inc()
 		return fmt.Errorf("partition %d: %w", w.part, err)
@@ -369,10 +374,11 @@ func (w *worker) checkpoint() error {
 }
 
 // checkpointInBackground runs the default-mode protocol without stalling the
-// partition: the state is encoded here, at a cut of the sink's epochs, and a
-// goroutine then waits for exactly the outputs produced before the cut, saves
-// the snapshot and commits its offset while processing goes on. Only one runs
-// at a time; an interval that finds one still running is skipped.
+// partition: the snapshot is begun here, at a cut of the sink's epochs, taken in
+// steps of about a millisecond between batches (advanceSweep), and then a
+// goroutine finishes encoding it, waits for exactly the outputs produced before
+// the cut, saves it and commits its offset while processing goes on. Only one
+// runs at a time; an interval that finds one still running is skipped.
 //
 // Invariant (as in checkpoint): the offset is committed only after the
 // snapshot is durable and every output for the offsets below it is
@@ -383,16 +389,70 @@ func (w *worker) checkpointInBackground() error {
 		return nil
 	}
 	start := time.Now()
-	next := w.proc.Next()
-	state := w.proc.AppendSnapshot(w.snapBuf[:0])
-	w.snapBuf = nil // owned by the background goroutine until bgDone returns it
-	epoch := w.tracker.Cut()
-	w.lastNext, w.dirty, w.bgBusy = next, false, true
-	w.s.m.CheckpointBytes.WithLabelValues(w.label).Set(float64(len(state)))
-	go func() {
-		w.bgDone <- bgResult{buf: state, err: w.finishCheckpoint(epoch, next, state, start)}
-	}()
+	w.sweep = &sweep{
+		snap:  w.proc.BeginSnapshot(w.snapBuf[:0]),
+		next:  w.proc.Next(),
+		epoch: w.tracker.Cut(), // at the snapshot: no output in between
+		start: start,
+	}
+	w.snapBuf = nil // owned by the snapshot until bgDone returns it
+	w.lastNext, w.dirty, w.bgBusy = w.sweep.next, false, true
+	w.s.m.CheckpointPause.Observe(time.Since(start).Seconds())
+	w.advanceSweep(sweepSlice)
 	return nil
+}
+
+// sweep is a background checkpoint whose snapshot is still being taken in steps
+// (see pipeline.Processor.BeginSnapshot).
+type sweep struct {
+	snap  *pipeline.PendingSnapshot
+	next  int64
+	epoch *sink.Epoch
+	start time.Time
+}
+
+const (
+	// sweepSlice bounds one stop of the partition to advance a snapshot: after a
+	// batch, so that event-to-feature latency stays flat while it is taken.
+	sweepSlice = time.Millisecond
+	// sweepIdleSlice is the stop on a tick, when the partition may be idle.
+	sweepIdleSlice = 10 * time.Millisecond
+	// sweepStep is how many entities are encoded between clock reads.
+	sweepStep = 256
+)
+
+// advanceSweep takes more of the snapshot in progress, for about d, and once it is
+// complete hands it to a goroutine that finishes encoding it, waits for exactly
+// the outputs produced before the cut, saves it and commits its offset.
+func (w *worker) advanceSweep(d time.Duration) {
+	sw := w.sweep
+	if sw == nil {
+		return
+	}
+	t0 := time.Now()
+	done := sw.snap.Step(sweepStep)
+	for !done && time.Since(t0) < d {
+		done = sw.snap.Step(sweepStep)
+	}
+	w.s.m.CheckpointPause.Observe(time.Since(t0).Seconds())
+	if !done {
+		return
+	}
+	w.sweep = nil
+	go func() {
+		state := sw.snap.Finish()
+		w.s.m.CheckpointBytes.WithLabelValues(w.label).Set(float64(len(state)))
+		w.bgDone <- bgResult{snap: sw.snap, err: w.finishCheckpoint(sw.epoch, sw.next, state, sw.start)}
+	}()
+}
+
+// completeSweep takes the rest of a snapshot in progress at once: before a
+// revoke's or shutdown's checkpoint, which must follow it.
+func (w *worker) completeSweep() {
+	if w.sweep != nil {
+		w.sweep.snap.Step(math.MaxInt)
+		w.advanceSweep(0)
+	}
 }
 
 func (w *worker) finishCheckpoint(epoch *sink.Epoch, next int64, state []byte, start time.Time) error {
@@ -423,9 +483,14 @@ func (w *worker) waitBackground() error {
 	if !w.bgBusy {
 		return nil
 	}
-	res := <-w.bgDone
+	return w.backgroundDone(<-w.bgDone)
+}
+
+// backgroundDone takes back what a finished background checkpoint borrowed.
+func (w *worker) backgroundDone(res bgResult) error {
 	w.bgBusy = false
-	w.snapBuf = res.buf[:0]
+	w.proc.EndSnapshot(res.snap)
+	w.snapBuf = res.snap.Bytes()[:0]
 	return res.err
 }
 

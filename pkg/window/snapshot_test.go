@@ -3,6 +3,8 @@ package window
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
 	"strings"
@@ -180,4 +182,53 @@ func FuzzRestoreTable(f *testing.F) {
 			got.EvictIdle(1 << 40)
 		}
 	})
+}
+
+// TestSnapshotFinishedLater begins snapshots, takes them in small steps while the
+// table goes on (new entities, growing rings, expiry, cap and idle evictions, freed
+// slots reused), and only then finishes them, as a background checkpoint does: each
+// must be exactly what AppendSnapshot gave at its beginning. Several rounds reuse the
+// buffers handed back by EndSnapshot.
+func TestSnapshotFinishedLater(t *testing.T) {
+	// A short history TTL makes EvictIdle free slots, so that some are free at
+	// BeginSnapshot and taken by new entities before Step reaches them.
+	for _, opts := range []Options{{HistoryTTLMs: 1000}, {MaxEntities: 300, HistoryTTLMs: 1000}} {
+		r := rand.New(rand.NewPCG(5, 5))
+		tbl := mustTable(t, "10s:1s,1m:10s", opts)
+		out := make([]Agg, 2)
+		now := int64(0)
+		step := func(n int) {
+			for range n {
+				now += int64(r.IntN(50))
+				id := fmt.Sprintf("e%d", r.IntN(500))
+				if _, _, err := tbl.Apply(id, now-int64(r.IntN(500)), int64(r.IntN(1000)), out); err != nil && !errors.Is(err, ErrExpired) {
+					t.Fatal(err)
+				}
+				if r.IntN(50) == 0 {
+					tbl.EvictIdle(now - 30_000)
+				}
+			}
+		}
+		for round := range 6 {
+			step(2000)
+			want := tbl.AppendSnapshot(nil)
+			ts := tbl.BeginSnapshot()
+			// A few entities at a time between events, as the pipeline does, so
+			// that many entities are changed, evicted or replaced before Step
+			// reaches them and must be kept as they were.
+			budget := 1 + round*3
+			for !ts.Step(budget) {
+				step(20)
+			}
+			step(500)
+			got := ts.AppendTo([]byte("p"))
+			tbl.EndSnapshot(ts)
+			if string(got[:1]) != "p" || !bytes.Equal(got[1:], want) {
+				t.Fatalf("opts %+v round %d: snapshot finished later differs from AppendSnapshot at its beginning", opts, round)
+			}
+			if _, err := RestoreTable(tbl.Specs(), opts, got[1:]); err != nil {
+				t.Fatalf("opts %+v round %d: %v", opts, round, err)
+			}
+		}
+	}
 }

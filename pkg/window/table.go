@@ -80,7 +80,10 @@ type entity struct {
 // lruLinks are an entity's neighbours in activity order as slot+1 (0 = none). They
 // live in a parallel slice, allocated only when MaxEntities > 0: an unbounded table
 // does not pay for them, and entity stays 64 bytes, one cache line.
-type lruLinks struct{ prev, next uint32 }
+type lruLinks struct {
+	prev, next uint32
+	seq        uint64 // Table.seq when last made most recent: the LRU order, for snapshots
+}
 
 // Table is the per-entity window state of one partition. Not safe for concurrent use.
 type Table struct {
@@ -96,6 +99,10 @@ type Table struct {
 	free             []uint32
 	lruHead, lruTail uint32 // slot+1; head = most recently active
 	capEvictions     uint64
+
+	snap      *PendingSnapshot // a snapshot in steps (see BeginSnapshot), or nil
+	spareSnap *PendingSnapshot // buffers of the last snapshot, for the next one
+	seq       uint64           // activity counter behind lruLinks.seq
 
 	// per-call scratch, sized to the number of windows, so Apply does not allocate
 	lo, hi, fsum []int64
@@ -189,6 +196,9 @@ func (t *Table) Apply(entity string, eventTime, amount int64, out []Agg) (prevGa
 			out[i] = Agg{1, amount, amount, amount}
 		}
 		return 0, false, nil
+	}
+	if t.snap != nil {
+		t.snap.keep(slot) // copy before write
 	}
 	e := &t.slab[slot]
 	if eventTime < e.newest {
@@ -585,6 +595,9 @@ func (t *Table) create(name string) (slot, pos uint32) {
 	if n := len(t.free); n > 0 {
 		slot = t.free[n-1]
 		t.free = t.free[:n-1]
+		if t.snap != nil {
+			t.snap.skip(slot) // free at BeginSnapshot, or kept when it was freed
+		}
 	} else {
 		t.slab = append(t.slab, entity{})
 		slot = uint32(len(t.slab) - 1)
@@ -601,6 +614,9 @@ func (t *Table) create(name string) (slot, pos uint32) {
 }
 
 func (t *Table) remove(slot uint32) {
+	if t.snap != nil {
+		t.snap.keep(slot)
+	}
 	if t.maxEntities > 0 {
 		t.lruUnlink(slot)
 	}
@@ -628,7 +644,8 @@ func (t *Table) lruPushFront(slot uint32) {
 	for int(slot) >= len(t.lru) {
 		t.lru = append(t.lru, lruLinks{})
 	}
-	t.lru[slot] = lruLinks{next: t.lruHead}
+	t.seq++
+	t.lru[slot] = lruLinks{next: t.lruHead, seq: t.seq}
 	if t.lruHead != 0 {
 		t.lru[t.lruHead-1].prev = slot + 1
 	}
@@ -662,6 +679,9 @@ func (t *Table) EvictIdle(watermark int64) int {
 			t.remove(uint32(s))
 			evicted++
 			continue
+		}
+		if t.snap != nil {
+			t.snap.keep(uint32(s))
 		}
 		e.dropRaw()
 		e.rings = nil

@@ -1,0 +1,77 @@
+package pipeline
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+	"github.com/velocity-consumer/velocity-consumer/pkg/window"
+)
+
+// BenchmarkCheckpointPause measures how long a checkpoint stops the partition, in the
+// state of the half-rate latency run of issue 6 (one of 4 partitions: 25 000 entities,
+// Zipf, default windows and --max-entities cap, 2 M live dedupe ids). It reports
+// the one stop of AppendSnapshot against the longest single stop of the stepped
+// snapshot as the service takes it (BeginSnapshot, then Step(256) between batches),
+// in the same run: ns/op is one whole checkpoint's work on the partition goroutine.
+func BenchmarkCheckpointPause(b *testing.B) {
+	sp, err := window.ParseSpecs(window.DefaultSpecs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	dec, err := codec.NewDecoder("", codec.DefaultLimits())
+	if err != nil {
+		b.Fatal(err)
+	}
+	p, err := New(Config{
+		Topic: "tx", Specs: sp, Late: LateDLQ, Decoder: dec,
+		Window: window.Options{MaxEntities: 5_000_000},
+	}, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	const events = 2_000_000
+	rng := rand.New(rand.NewPCG(1, 2))
+	zipf := rand.NewZipf(rand.New(rand.NewPCG(3, 4)), 1.1, 1, 24_999)
+	emit := func(*Output) {}
+	t0 := exampleT
+	for i := range events {
+		tx := codec.Transaction{EventID: fmt.Sprintf("evt-%09d", i), EntityID: fmt.Sprintf("card-%d", zipf.Uint64()), AmountMinor: rng.Int64N(10000), Currency: "EUR", EventTime: t0 + int64(i)/67}
+		p.Process(Record{Offset: int64(i), Value: codec.EncodeTransaction(&tx)}, emit)
+	}
+	b.Logf("%d entities", p.Entities())
+
+	b.Run("AppendSnapshot", func(b *testing.B) {
+		var buf []byte
+		for b.Loop() {
+			buf = p.AppendSnapshot(buf[:0])
+		}
+		b.ReportMetric(float64(len(buf)), "bytes")
+	})
+	b.Run("stepped", func(b *testing.B) {
+		var buf []byte
+		var stops []time.Duration
+		for b.Loop() {
+			start := time.Now()
+			ps := p.BeginSnapshot(buf[:0])
+			stops = append(stops, time.Since(start))
+			for {
+				start = time.Now()
+				done := ps.Step(256)
+				stops = append(stops, time.Since(start))
+				if done {
+					break
+				}
+			}
+			buf = ps.Finish()
+			p.EndSnapshot(ps)
+		}
+		slices.Sort(stops)
+		b.ReportMetric(float64(stops[len(stops)-1].Microseconds()), "max-stop-µs")
+		b.ReportMetric(float64(stops[len(stops)/2].Microseconds()), "median-stop-µs")
+		b.ReportMetric(float64(len(buf)), "bytes")
+	})
+}
