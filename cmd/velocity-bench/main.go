@@ -7,6 +7,8 @@
 //	velocity-bench produce    write one workload to a topic (to look at, or to feed something else)
 //	velocity-bench seq        write a workload's event sequence to a file, for bench/python/seed_window.py
 //	                          and the Go benchmark BenchmarkSeedSequence in this directory
+//	velocity-bench equal      run ours and Kafka Streams on one workload and compare their features
+//	                          record by record, each difference explained (equal.go, equalcmp.go)
 //
 // A processor is a child process: our binary's `run`, or the Kafka Streams peer in
 // bench/kstreams. The harness creates fresh topics and a fresh group per run (the
@@ -37,6 +39,7 @@ Usage:
   velocity-bench summarize [flags]   tables from a results file of compare
   velocity-bench produce   [flags]   write one seeded workload to a topic
   velocity-bench seq       [flags]   write a workload's event sequence to a file
+  velocity-bench equal     [flags]   ours and Kafka Streams on one workload: are the features equal, and why not
 
 Run 'velocity-bench <command> --help' for a command's flags.`
 
@@ -45,6 +48,7 @@ var commands = map[string]func(context.Context, []string) error{
 	"summarize": cmdSummarize,
 	"produce":   cmdProduce,
 	"seq":       cmdSeq,
+	"equal":     cmdEqual,
 }
 
 func main() {
