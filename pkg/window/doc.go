@@ -24,4 +24,9 @@
 // windows have all emptied relative to the watermark shrinks to a header (id, newest
 // and previous event time) until its history TTL passes, so ms_since_previous stays
 // right across long gaps.
+//
+// At millions of entities an Apply is bound by memory latency, not arithmetic: its
+// lookup is two dependent cache misses (index entry, then the entity's record and
+// events). A caller that knows which entities the next events name can overlap those
+// misses across events with the Prefetch and PrefetchRecord hints.
 package window

@@ -245,6 +245,14 @@ func runOracle(t *testing.T, r *rand.Rand, specs []Spec, opts Options, stream []
 	out := make([]Agg, len(specs))
 	var applied, expired int
 	for i, ev := range stream {
+		// The prefetch hints for upcoming events, as a caller with lookahead gives
+		// them: they must not change any result.
+		if j := i + 6; j < len(stream) {
+			tbl.Prefetch(stream[j].id)
+		}
+		if j := i + 3; j < len(stream) {
+			tbl.PrefetchRecord(stream[j].id)
+		}
 		want, wantGap, wantPrev, wantErr := or.apply(ev.id, ev.t, ev.a)
 		gap, hasPrev, err := tbl.Apply(ev.id, ev.t, ev.a, out)
 		if !errors.Is(err, wantErr) || (err == nil) != (wantErr == nil) {

@@ -599,7 +599,10 @@ func (t *Table) create(name string) (slot, pos uint32) {
 			t.snap.skip(slot) // free at BeginSnapshot, or kept when it was freed
 		}
 	} else {
-		t.slab = append(t.slab, entity{})
+		if len(t.slab) == cap(t.slab) {
+			t.growSlab()
+		}
+		t.slab = t.slab[:len(t.slab)+1]
 		slot = uint32(len(t.slab) - 1)
 	}
 	// name may alias the caller's reused decode buffer, so the caller must give the
@@ -611,6 +614,20 @@ func (t *Table) create(name string) (slot, pos uint32) {
 		t.lruPushFront(slot)
 	}
 	return slot, pos
+}
+
+// growSlab makes room for at least one more record, as append would; once the slab
+// is large it grows by the same rule (about a quarter) through makeHuge, since records
+// are read at random.
+func (t *Table) growSlab() {
+	c := cap(t.slab)
+	if c*int(unsafe.Sizeof(entity{})) < hugeMin {
+		t.slab = slices.Grow(t.slab, 1)
+		return
+	}
+	s := makeHuge[entity](len(t.slab), c+(c+3*256)/4)
+	copy(s, t.slab)
+	t.slab = s
 }
 
 func (t *Table) remove(slot uint32) {

@@ -8,3 +8,21 @@ import "unsafe"
 func unsafeRings(first *ring, n int) []ring {
 	return unsafe.Slice(first, n)
 }
+
+// hugeMin is the size from which makeHuge asks for transparent huge pages: below a few
+// huge pages the TLB covers the slice anyway.
+const hugeMin = 4 * hugePageSize
+
+const hugePageSize = 2 << 20
+
+// makeHuge is make([]T, n, c), with the backing array advised to use transparent huge
+// pages when it is large (adviseHuge), so that random accesses across it cost fewer
+// TLB misses.
+func makeHuge[T any](n, c int) []T {
+	s := make([]T, n, c)
+	var zero T
+	if size := uintptr(c) * unsafe.Sizeof(zero); size >= hugeMin {
+		adviseHuge(unsafe.Pointer(unsafe.SliceData(s)), size)
+	}
+	return s
+}
