@@ -125,13 +125,29 @@ func (v *idView) at(i int) idEntry {
 // idShards independent tables by the hash's top bits, so that growing one (a rehash
 // of everything in it, on the partition goroutine) costs 1/idShards of the whole
 // set: at millions of ids one table's doubling stalled the partition for ~100 ms.
+// The hash fills every shard at the same pace, so with one load factor they would all
+// double within moments of each other and the stall would only be cut in pieces;
+// each shard therefore grows at its own load factor (see loadLimit), which spreads
+// the doublings over the time the set takes to grow by half.
 type idTable struct {
 	shards [idShards]idShard
 }
 
 const idShards = 64
 
-func (m *idTable) shard(k idKey) *idShard { return &m.shards[k.hi>>58] }
+func (m *idTable) shard(k idKey) *idShard {
+	i := k.hi >> 58
+	sh := &m.shards[i]
+	if sh.limit == 0 {
+		sh.limit = loadLimit(int(i))
+	}
+	return sh
+}
+
+// loadLimit is shard i's largest load factor, in 256ths: from 0.35 to 0.6 across the
+// shards. Linear probing stays short below 0.6, and a shard that just doubled is at
+// least 0.17 full.
+func loadLimit(i int) int { return 90 + i }
 
 func (m *idTable) len() int {
 	n := 0
@@ -153,6 +169,9 @@ func (m *idTable) del(k idKey) { m.shard(k).del(k) }
 func (m *idTable) presize(n int) {
 	per := n/idShards + n/(4*idShards) + 16 // the hash spreads keys evenly; a little slack
 	for i := range m.shards {
+		if m.shards[i].limit == 0 {
+			m.shards[i].limit = loadLimit(i)
+		}
 		m.shards[i].presize(per)
 	}
 }
@@ -164,8 +183,9 @@ func (m *idTable) presize(n int) {
 // sequences grew until a lookup cost ~600 ns.) The all-zero key marks an empty slot;
 // hashID never returns it.
 type idShard struct {
-	slots []idEntry // len is 0 or a power of two, at most half full
+	slots []idEntry // len is 0 or a power of two, at most limit/256 full
 	n     int
+	limit int // load factor in 256ths at which to grow; 0 = 128 (half)
 }
 
 // find returns the slot holding k, or the empty slot where k would go.
@@ -214,15 +234,22 @@ func (m *idShard) grow() {
 // presize gives an empty table room for n keys at its load factor at once (doubling
 // step by step on a large restore rehashed the same keys again and again).
 func (m *idShard) presize(n int) {
-	if m.n == 0 && 2*n > len(m.slots) {
-		m.slots = make([]idEntry, pow2AtLeast(max(2*n, 16)))
+	if want := n*256/m.load() + 1; m.n == 0 && want > len(m.slots) {
+		m.slots = make([]idEntry, pow2AtLeast(max(want, 16)))
 	}
+}
+
+func (m *idShard) load() int {
+	if m.limit == 0 {
+		return 128
+	}
+	return m.limit
 }
 
 // reserve makes room for one more key, so that a slot found next stays valid for
 // putAt even if the key turns out to be new.
 func (m *idShard) reserve() {
-	if 2*(m.n+1) > len(m.slots) {
+	if (m.n+1)*256 > len(m.slots)*m.load() {
 		m.grow()
 	}
 }
