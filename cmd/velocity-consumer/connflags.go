@@ -14,6 +14,7 @@ import (
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/kafkaconn"
 	"github.com/velocity-consumer/velocity-consumer/pkg/registry"
+	"github.com/velocity-consumer/velocity-consumer/pkg/sink"
 	"github.com/velocity-consumer/velocity-consumer/schemas"
 )
 
@@ -35,6 +36,8 @@ type connFlags struct {
 
 	registryURL, registryUser, registryPwdFile string
 	subjectStrategy                            string
+
+	compression string
 }
 
 func (c *connFlags) register(e *envFlags) {
@@ -50,6 +53,7 @@ func (c *connFlags) register(e *envFlags) {
 	e.String(&c.registryURL, "schema-registry", "", "schema registry URL(s), comma-separated (Confluent API): input values are read in the Confluent wire format\nand features are written in it under a registered schema (empty: plain Avro both ways)")
 	e.String(&c.registryUser, "schema-registry-username", "", "schema registry basic-auth user")
 	e.String(&c.registryPwdFile, "schema-registry-password-file", "", "file holding the schema registry password (or set "+envRegistryPassword+")")
+	e.String(&c.compression, "compression", "lz4", "compression of the batches this process produces: lz4, zstd, snappy, gzip or none (none saves CPU when the broker is on the same host)")
 	e.String(&c.subjectStrategy, "schema-subject-strategy", registry.StrategyTopic, "subject of the output schema: topic (<output-topic>-value), record (io.velocity.v1.VelocityFeatures) or topic-record (<output-topic>-io.velocity.v1.VelocityFeatures)")
 }
 
@@ -76,7 +80,24 @@ func (c *connFlags) kafka() (kafkaconn.Config, error) {
 	if _, err := k.Options(); err != nil {
 		return kafkaconn.Config{}, err
 	}
+	if _, err := sink.Compression(c.compression); err != nil {
+		return kafkaconn.Config{}, fmt.Errorf("--compression (VELOCITY_COMPRESSION): %w", err)
+	}
 	return k, nil
+}
+
+// options are the options of every Kafka client: the connection's, then the
+// producers' compression.
+func (c *connFlags) options(k kafkaconn.Config) ([]kgo.Opt, error) {
+	opts, err := k.Options()
+	if err != nil {
+		return nil, err
+	}
+	comp, err := sink.Compression(c.compression)
+	if err != nil {
+		return nil, fmt.Errorf("--compression (VELOCITY_COMPRESSION): %w", err)
+	}
+	return append(opts, comp), nil
 }
 
 // clientOpts returns the franz-go options for the flags and logs the
@@ -86,7 +107,7 @@ func (c *connFlags) clientOpts(log *zap.Logger) ([]kgo.Opt, kafkaconn.Config, er
 	if err != nil {
 		return nil, k, err
 	}
-	opts, err := k.Options()
+	opts, err := c.options(k)
 	if err != nil {
 		return nil, k, err
 	}

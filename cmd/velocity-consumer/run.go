@@ -91,7 +91,7 @@ func (r *runFlags) serviceConfig() (service.Config, error) {
 	if err != nil {
 		return c, err
 	}
-	if c.ClientOpts, err = kc.Options(); err != nil {
+	if c.ClientOpts, err = r.conn.options(kc); err != nil {
 		return c, err
 	}
 	if r.conn.registryURL != "" && r.pipe.writerSchema != "" {
