@@ -131,6 +131,7 @@ func (w *worker) run() {
 				// the idle timeout release its reorder buffer meanwhile.
 				w.retryHeld()
 			} else {
+				w.tracker.SetClock(time.Now().UnixMilli()) // Tick may release (emit) events
 				w.proc.Tick(w.emitFn)
 			}
 			if time.Since(lastCheckpoint) >= w.s.cfg.CheckpointInterval && !w.bgBusy {
@@ -212,6 +213,11 @@ func (w *worker) process(b batch) {
 		records = nil
 	}
 	prep, _ := w.s.dec.(codec.Preparer)
+	// One clock read per batch: its records arrived together, and a read per record
+	// (here and for the emitted_at header) was ~4% of the machine's CPU at high rates.
+	now := time.Now()
+	arrival := now.UnixNano()
+	w.tracker.SetClock(now.UnixMilli())
 	for i, r := range records {
 		if prep != nil {
 			if err := w.prepare(prep, r.Value); err != nil {
@@ -222,7 +228,7 @@ func (w *worker) process(b batch) {
 		}
 		w.proc.Process(pipeline.Record{
 			Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
-			Key: r.Key, Value: r.Value, Arrival: time.Now().UnixNano(),
+			Key: r.Key, Value: r.Value, Arrival: arrival,
 		}, w.emitFn)
 	}
 	if len(w.held) == 0 && w.backoff > 0 {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -217,5 +218,41 @@ func TestEpochs(t *testing.T) {
 	}
 	if err := tr.Cut().Wait(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestEmittedAtClock checks the velocity.emitted_at header: the clock SetClock gives,
+// for every record until the next call (records reuse pooled header slices, so a
+// stale value would show here), and the wall clock without SetClock.
+func TestEmittedAtClock(t *testing.T) {
+	emitted := func(r kgo.Record) string {
+		for _, h := range r.Headers {
+			if h.Key == HeaderEmittedAt {
+				return string(h.Value)
+			}
+		}
+		return ""
+	}
+	fp := &fakeProducer{}
+	tr := New(fp, "out", "dlq", "h").NewTracker(nil)
+	before := time.Now().UnixMilli()
+	tr.Features([]byte("k"), []byte("v"), 0)
+	if got, _ := strconv.ParseInt(emitted(fp.got[0]), 10, 64); got < before || got > time.Now().UnixMilli() {
+		t.Fatalf("without SetClock: emitted_at %q, want the wall clock", emitted(fp.got[0]))
+	}
+	for round, clock := range []int64{1234, 1234, 99_999} {
+		tr.SetClock(clock)
+		fp.got = fp.got[:0]
+		tr.Features([]byte("a"), []byte("1"), 0)
+		tr.Features([]byte("b"), []byte("2"), 0)
+		for i, r := range fp.got {
+			if got := emitted(r); got != strconv.FormatInt(clock, 10) {
+				t.Fatalf("round %d record %d: emitted_at %q, want %d", round, i, got, clock)
+			}
+			if len(r.Headers) != 2 {
+				t.Fatalf("round %d record %d: %d headers, want 2", round, i, len(r.Headers))
+			}
+		}
+		fp.settle(nil) // records go back to the pool with their header slices
 	}
 }
