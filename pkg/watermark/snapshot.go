@@ -128,6 +128,14 @@ func (s *Stage) BeginSnapshot(dst []byte) ([]byte, *PendingSnapshot) {
 	return dst, p
 }
 
+// Size is at most how many bytes Finish appends.
+func (p *PendingSnapshot) Size() int {
+	if p.sync {
+		return crcLen
+	}
+	return 4 + p.view.n*idEntryLen + crcLen
+}
+
 // Finish appends the rest of the snapshot to dst, whose bytes from start on must be
 // exactly those BeginSnapshot appended, and returns the extended slice.
 func (p *PendingSnapshot) Finish(dst []byte, start int) []byte {

@@ -201,6 +201,11 @@ func (t *Table) appendEntity(dst []byte, e *entity) []byte {
 	return dst
 }
 
+// Size is at most how many bytes AppendTo appends.
+func (ts *PendingSnapshot) Size() int {
+	return len(ts.head) + binary.MaxVarintLen64 + len(ts.body) + 4
+}
+
 // AppendTo appends the finished snapshot: entities least recently active first when
 // the table has a MaxEntities cap (that order is state the cap depends on), in id
 // order otherwise, so the same state always gives the same bytes. It panics if Step
@@ -210,7 +215,7 @@ func (ts *PendingSnapshot) AppendTo(dst []byte) []byte {
 		panic("window: PendingSnapshot.AppendTo before Step completed it")
 	}
 	start := len(dst)
-	dst = slices.Grow(dst, len(ts.head)+binary.MaxVarintLen64+len(ts.body)+4)
+	dst = slices.Grow(dst, ts.Size())
 	dst = append(dst, ts.head...)
 	dst = binary.AppendUvarint(dst, uint64(ts.n))
 	body := ts.body
