@@ -75,3 +75,68 @@ func BenchmarkCheckpointPause(b *testing.B) {
 		b.ReportMetric(float64(len(buf)), "bytes")
 	})
 }
+
+// BenchmarkProcessHints is Process over fetched batches at 1 M entities (uniform, so
+// nearly every lookup misses the cache), lateness 0, dedupe on, with and without the
+// lookahead hints the service gives (HintKey on the records ahead in the batch). The
+// table is warmed with one event per entity first.
+func BenchmarkProcessHints(b *testing.B) {
+	const entities = 1_000_000
+	sp, err := window.ParseSpecs(window.DefaultSpecs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	dec, err := codec.NewDecoder("", codec.DefaultLimits())
+	if err != nil {
+		b.Fatal(err)
+	}
+	const n = 1 << 21
+	rng := rand.New(rand.NewPCG(5, 6))
+	recs := make([]Record, n)
+	for i := range recs {
+		e := i % entities // the warm-up pass touches each entity once
+		if i >= entities {
+			e = rng.IntN(entities)
+		}
+		tx := codec.Transaction{EventID: fmt.Sprintf("evt-%09d", i), EntityID: fmt.Sprintf("card-%07d", e), AmountMinor: rng.Int64N(10000), Currency: "EUR", EventTime: exampleT + int64(i)}
+		recs[i] = Record{Offset: int64(i), Key: []byte(tx.EntityID), Value: codec.EncodeTransaction(&tx)}
+	}
+	emit := func(*Output) {}
+	for _, hints := range []bool{false, true} {
+		b.Run(fmt.Sprintf("hints=%v", hints), func(b *testing.B) {
+			p, err := New(Config{Topic: "tx", Specs: sp, Late: LateDLQ, Decoder: dec}, 0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			const batch = 1000
+			run := func(recs []Record) {
+				for i := range recs {
+					if hints {
+						if j := i + 2*HintDistance; j < len(recs) {
+							p.HintKey(recs[j].Key, 2*HintDistance)
+						}
+						if j := i + HintDistance; j < len(recs) {
+							p.HintKey(recs[j].Key, HintDistance)
+						}
+					}
+					p.Process(recs[i], emit)
+				}
+			}
+			for lo := 0; lo < entities; lo += batch {
+				run(recs[lo : lo+batch])
+			}
+			rest := recs[entities:]
+			b.ReportAllocs()
+			b.ResetTimer()
+			i := 0
+			for b.Loop() {
+				if i+batch > len(rest) {
+					b.Fatalf("benchmark ran past its %d prepared records; lower -benchtime", len(rest))
+				}
+				run(rest[i : i+batch])
+				i += batch
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(i), "ns/record")
+		})
+	}
+}

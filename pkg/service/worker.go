@@ -219,6 +219,12 @@ func (w *worker) process(b batch) {
 	arrival := now.UnixNano()
 	w.tracker.SetClock(now.UnixMilli())
 	for i, r := range records {
+		if j := i + 2*pipeline.HintDistance; j < len(records) {
+			w.proc.HintKey(records[j].Key, 2*pipeline.HintDistance)
+		}
+		if j := i + pipeline.HintDistance; j < len(records) {
+			w.proc.HintKey(records[j].Key, pipeline.HintDistance)
+		}
 		if prep != nil {
 			if err := w.prepare(prep, r.Value); err != nil {
 				w.hold(records[i:], err)

@@ -289,6 +289,18 @@ func (s *Stage) inOrder(ev *Event) bool {
 	return ev.EventTime > last.EventTime || ev.EventTime == last.EventTime && ev.Offset >= last.Offset
 }
 
+// Upcoming returns the entity of the event i places behind the next one Ready would
+// release, if the in-order run holds one there: a hint of which entities will be
+// counted soon, for prefetching. Out-of-order events waiting in the heap are not
+// looked at, so near one it may name an entity a little early or late; it never
+// changes anything.
+func (s *Stage) Upcoming(i int) (entity string, ok bool) {
+	if i < 0 || i >= s.run.n {
+		return "", false
+	}
+	return s.run.at(i).ev.EntityID, true
+}
+
 // Remember records eventID as accepted at eventTime without buffering anything: a late
 // event that was applied anyway (--late=apply) must count as accepted for dedupe. It does
 // not move maxSeen. An id already remembered keeps the later of the two times; a time
