@@ -4,6 +4,7 @@ import (
 	"os"
 	"syscall"
 	"testing"
+	"unsafe"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/window"
 )
@@ -32,15 +33,22 @@ func BenchmarkSeedSequence(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	// Entity ids as the pipeline hands them to the table: strings built once, outside
-	// the timed loop (the Python side builds its strings at load time too).
-	maxE := uint32(0)
+	// Entity ids as the pipeline hands them to the table: the decoder's entity string
+	// points into the record it just read, and a fetch holds its records one after
+	// another. So each event gets its own copy of its id, in event order in one
+	// buffer, built outside the timed loop (the Python side builds its strings at
+	// load time too). A slice of one string per entity indexed by the event's entity
+	// number, as this benchmark first did, costs two cache misses per event (string
+	// header, then bytes) that the pipeline never pays: about a third of the time.
+	arena := make([]byte, 0, len(evs)*len(EntityID(0)))
 	for _, e := range evs {
-		maxE = max(maxE, e.Entity)
+		arena = append(arena, EntityID(e.Entity)...)
 	}
-	ids := make([]string, maxE+1)
-	for i := range ids {
-		ids[i] = EntityID(uint32(i))
+	ids := make([]string, len(evs))
+	for i, at := 0, 0; i < len(evs); i++ {
+		n := len(EntityID(evs[i].Entity))
+		ids[i] = unsafe.String(&arena[at], n)
+		at += n
 	}
 	for _, c := range []struct {
 		name, specs string
@@ -73,15 +81,15 @@ func BenchmarkSeedSequence(b *testing.B) {
 				for i, e := range evs {
 					if d > 0 {
 						if j := i + 2*d; j < len(evs) {
-							tbl.Prefetch(ids[evs[j].Entity])
+							tbl.Prefetch(ids[j])
 						}
 						if j := i + d; j < len(evs) {
-							tbl.PrefetchRecord(ids[evs[j].Entity])
+							tbl.PrefetchRecord(ids[j])
 						}
 					}
 					// An event older than its entity's retained buckets is refused
 					// (ErrExpired) and counted here; the 2 s disorder never gets there.
-					if _, _, err := tbl.Apply(ids[e.Entity], e.T, e.Amount, out); err != nil {
+					if _, _, err := tbl.Apply(ids[i], e.T, e.Amount, out); err != nil {
 						expired++
 						continue
 					}
