@@ -35,8 +35,8 @@
 //
 // The set stores a 128-bit XXH3 hash of each id (github.com/zeebo/xxh3, a fixed,
 // unseeded, platform-independent function), not the id itself: memory per id is fixed
-// whatever the id length (a 24-byte slot in an open-addressing table kept a quarter to
-// half full, plus a 24-byte FIFO entry: 72 to 144 bytes), and the set never retains the
+// whatever the id length (a 24-byte slot in an open-addressing table kept 0.17 to 0.6
+// full, plus a 24-byte FIFO entry: about 64 to 165 bytes), and the set never retains the
 // caller's strings. The price is that two different ids could collide and the second be
 // reported as a duplicate. For n ids alive inside one horizon the chance that any pair
 // collides is about n²/2¹²⁹: for a billion ids in a day, about 1.5·10⁻²¹. XXH3 is not a
@@ -45,8 +45,10 @@
 // hash (hash/maphash) is deliberately not used: snapshots must decode identically in
 // another process on another machine.
 //
-// The ids are also kept in a FIFO in acceptance order; whenever maxSeen advances, ids
-// at the head whose event time fell out of the horizon are dropped. Memory is therefore
+// The table is 64 shards by hash, each growing at its own load factor, so that no
+// single rehash holds the partition for long. The ids are also kept in a FIFO in
+// acceptance order, in fixed-size blocks; whenever maxSeen advances, ids at the head
+// whose event time fell out of the horizon are dropped. Memory is therefore
 // bounded by the ids accepted within roughly DedupeHorizon + AllowedLateness of event
 // time; the table and FIFO keep their peak size rather than shrinking, so that steady
 // state allocates nothing. As a sizing guide, 100 events/s on a partition with the 24 h
@@ -77,6 +79,11 @@
 // the same bytes and makes the same future decisions as the one that was never
 // interrupted. Restore rejects anything it cannot fully validate with an error; it never
 // panics and never returns a half-loaded Stage.
+//
+// BeginSnapshot and PendingSnapshot.Finish split AppendSnapshot so that the id list,
+// most of the bytes at a long horizon, can be encoded on another goroutine while the
+// Stage goes on: FIFO entries are never rewritten while a view of them is open, so the
+// view stays exactly the ids of the moment BeginSnapshot ran.
 //
 // # What it is not for
 //
