@@ -256,17 +256,25 @@ func (p *Processor) Process(r Record, emit func(*Output)) {
 // the events in between. 4 to 8 measured best (pkg/window BENCHMARKS).
 const HintDistance = 6
 
-// HintKey tells the processor that a record whose key is key comes about
-// distance records from now (a caller processing a fetched batch knows its
-// records ahead of time; the contract makes the key the entity id). It helps only
-// when events are counted as they arrive, with no allowed lateness; otherwise the
-// reorder buffer gives the hints and this does nothing. It never changes anything.
-func (p *Processor) HintKey(key []byte, distance int) {
+// Hint tells the processor that the record with this key and value comes about
+// distance records from now: a caller processing a fetched batch knows its records
+// ahead of time. At 2·HintDistance it starts loading the dedupe slot of the record's
+// event id (codec.PeekEventID) and, with no allowed lateness (events counted as they
+// arrive; the contract makes the key the entity id), the window table's index entry;
+// at HintDistance, the entity's record. With lateness the reorder buffer gives the
+// window hints instead. It never changes anything.
+func (p *Processor) Hint(key, value []byte, distance int) {
+	far := distance > HintDistance
+	if far {
+		if id, ok := codec.PeekEventID(value); ok {
+			p.stage.PrefetchID(id)
+		}
+	}
 	if p.cfg.Watermark.AllowedLateness > 0 || len(key) == 0 {
 		return
 	}
 	entity := unsafe.String(&key[0], len(key)) // not kept beyond the call
-	if distance > HintDistance {
+	if far {
 		p.table.Prefetch(entity)
 	} else {
 		p.table.PrefetchRecord(entity)

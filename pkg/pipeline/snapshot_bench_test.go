@@ -78,7 +78,7 @@ func BenchmarkCheckpointPause(b *testing.B) {
 
 // BenchmarkProcessHints is Process over fetched batches at 1 M entities (uniform, so
 // nearly every lookup misses the cache), lateness 0, dedupe on, with and without the
-// lookahead hints the service gives (HintKey on the records ahead in the batch). The
+// lookahead hints the service gives (Hint on the records ahead in the batch). The
 // table is warmed with one event per entity first.
 func BenchmarkProcessHints(b *testing.B) {
 	const entities = 1_000_000
@@ -113,10 +113,10 @@ func BenchmarkProcessHints(b *testing.B) {
 				for i := range recs {
 					if hints {
 						if j := i + 2*HintDistance; j < len(recs) {
-							p.HintKey(recs[j].Key, 2*HintDistance)
+							p.Hint(recs[j].Key, recs[j].Value, 2*HintDistance)
 						}
 						if j := i + HintDistance; j < len(recs) {
-							p.HintKey(recs[j].Key, HintDistance)
+							p.Hint(recs[j].Key, recs[j].Value, HintDistance)
 						}
 					}
 					p.Process(recs[i], emit)

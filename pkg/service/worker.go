@@ -220,10 +220,10 @@ func (w *worker) process(b batch) {
 	w.tracker.SetClock(now.UnixMilli())
 	for i, r := range records {
 		if j := i + 2*pipeline.HintDistance; j < len(records) {
-			w.proc.HintKey(records[j].Key, 2*pipeline.HintDistance)
+			w.proc.Hint(records[j].Key, records[j].Value, 2*pipeline.HintDistance)
 		}
 		if j := i + pipeline.HintDistance; j < len(records) {
-			w.proc.HintKey(records[j].Key, pipeline.HintDistance)
+			w.proc.Hint(records[j].Key, records[j].Value, pipeline.HintDistance)
 		}
 		if prep != nil {
 			if err := w.prepare(prep, r.Value); err != nil {
