@@ -6,6 +6,8 @@ import (
 	"math/bits"
 	"math/rand/v2"
 	"unsafe"
+
+	"github.com/velocity-consumer/velocity-consumer/internal/prefetch"
 )
 
 // index maps entity ids to slab slots: open addressing with linear probing over one
@@ -195,7 +197,7 @@ func (t *Table) unindex(id string, slot uint32) {
 func (t *Table) Prefetch(entity string) {
 	x := &t.idx
 	i := x.hash(entity) & uint32(len(x.entries)-1)
-	prefetch(uintptr(unsafe.Pointer(&x.entries[i])))
+	prefetch.Line(uintptr(unsafe.Pointer(&x.entries[i])))
 }
 
 // PrefetchRecord is the second hint (see Prefetch): it reads entity's index entry,
@@ -221,7 +223,7 @@ func (t *Table) PrefetchRecord(entity string) {
 			if en.blob == nil {
 				// Header-only, or rings: their buffers hang off the record, which is
 				// as far as a hint can reach without waiting for a load.
-				prefetch(rec)
+				prefetch.Line(rec)
 			} else {
 				prefetchRecord(rec, uintptr(en.blob))
 			}

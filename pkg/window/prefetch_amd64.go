@@ -1,11 +1,7 @@
 package window
 
-// prefetch asks the CPU to start loading the cache line at p (PREFETCHT0). It is a
-// hint: it never faults and never changes memory, so p may be any address, even one
-// that is stale or unmapped. p is a uintptr so that no pointer escapes.
-func prefetch(p uintptr)
-
-// prefetchRecord prefetches the line at rec (a slab record) and the first five lines
+// prefetchRecord prefetches (PREFETCHT0, a hint that never faults; see
+// internal/prefetch) the line at rec (a slab record) and the first five lines
 // at blob (an entity's raw allocation: id, then the events Apply scans; 320 bytes
 // hold the id and up to 18 events, and the hardware prefetcher follows a longer scan).
 // In BenchmarkApplyMillionEntitiesLookahead (~9-16 events per entity) three lines

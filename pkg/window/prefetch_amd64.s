@@ -1,11 +1,5 @@
 #include "textflag.h"
 
-// func prefetch(p uintptr)
-TEXT ·prefetch(SB), NOSPLIT|NOFRAME, $0-8
-	MOVQ	p+0(FP), AX
-	PREFETCHT0	(AX)
-	RET
-
 // func prefetchRecord(rec, blob uintptr)
 TEXT ·prefetchRecord(SB), NOSPLIT|NOFRAME, $0-16
 	MOVQ	rec+0(FP), AX

@@ -2,8 +2,5 @@
 
 package window
 
-// prefetch is a no-op where there is no assembly version (see prefetch_amd64.go).
-func prefetch(p uintptr) {}
-
-// prefetchRecord is a no-op where there is no assembly version.
+// prefetchRecord is a no-op where there is no assembly version (see prefetch_amd64.go).
 func prefetchRecord(rec, blob uintptr) {}
