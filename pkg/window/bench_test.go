@@ -201,7 +201,9 @@ var (
 // table's whole footprint: map, slab, ids and event storage) at 1 M entities with the
 // default windows, for 1, 3 and 30 events each, and for 300 (10× more events over
 // the same entities at the same rate) to show that memory follows what the windows
-// hold, not how many events went through. Run with -window.mem.
+// hold, not how many events went through. Run with
+//
+//	go test -run TestMemoryPerEntity -v ./pkg/window/ -args -window.mem
 func TestMemoryPerEntity(t *testing.T) {
 	if !*memFlag {
 		t.Skip("set -window.mem to measure (allocates about 1 GB)")
