@@ -18,21 +18,7 @@ import (
 // snapshot as the service takes it (BeginSnapshot, then Step(256) between batches),
 // in the same run: ns/op is one whole checkpoint's work on the partition goroutine.
 func BenchmarkCheckpointPause(b *testing.B) {
-	sp, err := window.ParseSpecs(window.DefaultSpecs)
-	if err != nil {
-		b.Fatal(err)
-	}
-	dec, err := codec.NewDecoder("", codec.DefaultLimits())
-	if err != nil {
-		b.Fatal(err)
-	}
-	p, err := New(Config{
-		Topic: "tx", Specs: sp, Late: LateDLQ, Decoder: dec,
-		Window: window.Options{MaxEntities: 5_000_000},
-	}, 0)
-	if err != nil {
-		b.Fatal(err)
-	}
+	p := benchProcessor(b, window.Options{MaxEntities: 5_000_000})
 	const events = 2_000_000
 	rng := rand.New(rand.NewPCG(1, 2))
 	zipf := rand.NewZipf(rand.New(rand.NewPCG(3, 4)), 1.1, 1, 24_999)
@@ -82,14 +68,6 @@ func BenchmarkCheckpointPause(b *testing.B) {
 // table is warmed with one event per entity first.
 func BenchmarkProcessHints(b *testing.B) {
 	const entities = 1_000_000
-	sp, err := window.ParseSpecs(window.DefaultSpecs)
-	if err != nil {
-		b.Fatal(err)
-	}
-	dec, err := codec.NewDecoder("", codec.DefaultLimits())
-	if err != nil {
-		b.Fatal(err)
-	}
 	const n = 1 << 21
 	rng := rand.New(rand.NewPCG(5, 6))
 	recs := make([]Record, n)
@@ -104,10 +82,7 @@ func BenchmarkProcessHints(b *testing.B) {
 	emit := func(*Output) {}
 	for _, hints := range []bool{false, true} {
 		b.Run(fmt.Sprintf("hints=%v", hints), func(b *testing.B) {
-			p, err := New(Config{Topic: "tx", Specs: sp, Late: LateDLQ, Decoder: dec}, 0)
-			if err != nil {
-				b.Fatal(err)
-			}
+			p := benchProcessor(b, window.Options{})
 			const batch = 1000
 			run := func(recs []Record) {
 				for i := range recs {
@@ -139,4 +114,22 @@ func BenchmarkProcessHints(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(i), "ns/record")
 		})
 	}
+}
+
+// benchProcessor is a processor with the default windows, lateness 0, dedupe on.
+func benchProcessor(b *testing.B, wopts window.Options) *Processor {
+	b.Helper()
+	sp, err := window.ParseSpecs(window.DefaultSpecs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	dec, err := codec.NewDecoder("", codec.DefaultLimits())
+	if err != nil {
+		b.Fatal(err)
+	}
+	p, err := New(Config{Topic: "tx", Specs: sp, Late: LateDLQ, Decoder: dec, Window: wopts}, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return p
 }
