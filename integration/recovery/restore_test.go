@@ -195,6 +195,8 @@ func TestWarmUpWithoutSnapshot(t *testing.T) {
 func TestExactlyOnceStepsBackFromAnUncommittedSnapshot(t *testing.T) {
 	t.Parallel()
 	rc := newRestoreCase(t, 40_000, "1m:1s,5m:5s", true)
+	var stepBacks float64
+	rc.beforeStop = func() { stepBacks = rc.metric("velocity_snapshot_stepbacks_total") }
 	ends := rc.run(func() {
 		st, err := checkpoint.NewFileStore(rc.storeDir)
 		if err != nil {
@@ -218,6 +220,9 @@ func TestExactlyOnceStepsBackFromAnUncommittedSnapshot(t *testing.T) {
 	log, _ := os.ReadFile(rc.b.logs)
 	if n := bytes.Count(log, []byte("ahead of the committed transaction")); n != int(rc.partitions) {
 		t.Fatalf("%d step-back log lines, want %d (log %s)", n, rc.partitions, rc.b.logs)
+	}
+	if stepBacks != float64(rc.partitions) {
+		t.Errorf("velocity_snapshot_stepbacks_total = %v, want %d", stepBacks, rc.partitions)
 	}
 }
 

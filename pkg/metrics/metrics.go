@@ -32,6 +32,9 @@ type Metrics struct {
 	CheckpointPause   prometheus.Histogram
 	CheckpointErrors  prometheus.Counter
 	SnapshotFallbacks prometheus.Counter
+	// SnapshotStepBacks counts exactly-once restores that found the newest snapshot
+	// ahead of the committed transaction and resumed from the previous one.
+	SnapshotStepBacks prometheus.Counter
 	CommitErrors      prometheus.Counter
 	ProduceErrors     prometheus.Counter
 	PausedPartitions  prometheus.Gauge
@@ -90,6 +93,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		SnapshotFallbacks: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "velocity_snapshot_fallbacks_total", Help: "Restores that found the newest snapshot corrupt and used the previous one.",
 		}),
+		SnapshotStepBacks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "velocity_snapshot_stepbacks_total", Help: "Exactly-once restores whose newest snapshot was ahead of the committed transaction (a crash between save and commit), so the previous one was used.",
+		}),
 		CommitErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "velocity_commit_errors_total", Help: "Offset commits that failed.",
 		}),
@@ -109,7 +115,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(
 		m.RecordsIn, m.Features, m.DeadLetters, m.LateApplied, m.ReorderBuffer, m.WatermarkLag,
 		m.Latency, m.Entities, m.EntitiesEvicted, m.CheckpointSeconds, m.CheckpointPause, m.CheckpointBytes,
-		m.CheckpointErrors, m.SnapshotFallbacks, m.CommitErrors, m.ProduceErrors,
+		m.CheckpointErrors, m.SnapshotFallbacks, m.SnapshotStepBacks, m.CommitErrors, m.ProduceErrors,
 		m.PausedPartitions, m.ConsumerLag, m.AssignedPartition,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

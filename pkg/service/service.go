@@ -396,6 +396,7 @@ func (s *Service) restore(ctx context.Context, p int32, committed int64) (*pipel
 			return s.rebuild(ctx, p, committed)
 		}
 		if stepBack {
+			s.m.SnapshotStepBacks.Inc()
 			s.log.Warn("exactly-once: newest snapshot is ahead of the committed transaction (crash between save and commit); resuming from the previous one",
 				zap.Int32("partition", p), zap.Int64("committed", committed), zap.Int64("discarded_next", loaded.Next))
 			// Invariant: the store's previous snapshot always matches a
