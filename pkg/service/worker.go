@@ -119,13 +119,19 @@ func (w *worker) run() {
 	// few cores instead of several small ones.
 	interval := w.s.cfg.CheckpointInterval
 	lastCheckpoint := time.Now().Add(-interval * time.Duration(w.part%8) / 8)
+	var lastBatch time.Time
 	for {
 		select {
 		case b := <-w.in:
 			w.process(b)
 			w.advanceSweep(sweepSlice)
+			lastBatch = time.Now()
 		case <-tick.C:
-			w.advanceSweep(sweepIdleSlice)
+			if time.Since(lastBatch) >= sweepIdleAfter {
+				w.advanceSweep(sweepIdleSlice)
+			} else {
+				w.advanceSweep(sweepSlice)
+			}
 			if len(w.held) > 0 {
 				// A partition held for the registry is not idle: do not let
 				// the idle timeout release its reorder buffer meanwhile.
@@ -427,8 +433,11 @@ const (
 	// sweepSlice bounds one stop of the partition to advance a snapshot: after a
 	// batch, so that event-to-feature latency stays flat while it is taken.
 	sweepSlice = time.Millisecond
-	// sweepIdleSlice is the stop on a tick, when the partition may be idle.
+	// sweepIdleSlice is the stop on a tick when no batch came for sweepIdleAfter:
+	// nothing waits, so the snapshot (and its commit) may finish sooner. A busy
+	// partition keeps to sweepSlice on ticks too.
 	sweepIdleSlice = 10 * time.Millisecond
+	sweepIdleAfter = 50 * time.Millisecond
 	// sweepStep is how many entities are encoded between clock reads.
 	sweepStep = 256
 )
