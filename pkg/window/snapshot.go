@@ -99,9 +99,6 @@ func (t *Table) BeginSnapshot() *PendingSnapshot {
 		ts.head = binary.AppendUvarint(ts.head, uint64(sp.BucketMs))
 	}
 	t.snap = ts
-	if ts.n0 == 0 {
-		ts.Step(0)
-	}
 	return ts
 }
 
