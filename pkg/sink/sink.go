@@ -35,16 +35,47 @@ type Sink struct {
 	outputTopic string
 	dlqTopic    string
 	host        []byte
-	prefix      []byte // written before every features value; see WithFeaturesPrefix
-	recs        sync.Pool
+	prefix      []byte    // written before every features value; see WithFeaturesPrefix
+	pend        sync.Pool // *pending: a record and its bookkeeping, reused after its promise
+	chunks      sync.Pool // *chunk: arena chunks whose records were all acknowledged
 }
 
 // New returns a Sink producing through prod. host is recorded in a header of
 // every features record (processing facts go in headers, never in values).
 func New(prod Producer, outputTopic, dlqTopic, host string) *Sink {
 	s := &Sink{prod: prod, outputTopic: outputTopic, dlqTopic: dlqTopic, host: []byte(host)}
-	s.recs.New = func() any { return new(kgo.Record) }
+	s.pend.New = func() any {
+		p := &pending{Context: context.Background()}
+		p.rec.Context = p
+		return p
+	}
+	s.chunks.New = func() any { return &chunk{buf: make([]byte, 0, arenaChunk)} }
 	return s
+}
+
+// pending is one produced record with what its promise needs. The record's
+// Context points back at it, so one promise function serves every record and
+// producing allocates no closure. The embedded Context is Background: the
+// client must never abandon a record on a cancelled context while a checkpoint
+// counts it as in flight.
+type pending struct {
+	context.Context
+	rec     kgo.Record
+	t       *Tracker
+	ep      *Epoch
+	c       *chunk // holds rec.Key and rec.Value, or nil
+	arrival int64  // Unix ns, or ≤ 0 for dead letters
+	size    int64
+}
+
+// chunk is a piece of arena memory shared by the keys and values of many
+// records. refs counts those records still in flight plus one while the
+// chunk is the tracker's current one; whoever drops it to 0 recycles the
+// chunk. Without recycling, the copies of every produced byte were the
+// service's largest allocation and set the pace of garbage collection.
+type chunk struct {
+	buf  []byte
+	refs atomic.Int32
 }
 
 // WithFeaturesPrefix makes every features value start with prefix (the
@@ -148,9 +179,9 @@ type Tracker struct {
 	mu       sync.Mutex
 	cond     *sync.Cond
 	err      error
-	// arena holds copies of keys and values for records in flight: one
-	// allocation per chunk instead of two per record.
-	arena []byte
+	// cur is the arena chunk that keys and values are copied into: one chunk
+	// for many records instead of two allocations per record.
+	cur *chunk
 	// onAck is called for every acknowledged features record with its arrival
 	// stamp (Unix ns), for the latency histogram. May be nil.
 	onAck func(arrival int64)
@@ -169,33 +200,48 @@ func (s *Sink) NewTracker(onAck func(arrival int64)) *Tracker {
 	return t
 }
 
-func (t *Tracker) copyBytes(b []byte) []byte {
-	if len(b) > arenaChunk/4 {
-		return append([]byte(nil), b...)
+// copyInto sets p.rec's Key to a copy of key (nil stays nil) and its Value to
+// a copy of prefix followed by value, both in one piece of the arena.
+func (t *Tracker) copyInto(p *pending, key, prefix, value []byte) {
+	n := len(key) + len(prefix) + len(value)
+	var b []byte
+	if n > arenaChunk/4 {
+		b = make([]byte, 0, n) // rare and large: its own allocation
+	} else {
+		c := t.cur
+		if c == nil || cap(c.buf)-len(c.buf) < n {
+			t.retire()
+			c = t.sink.chunks.Get().(*chunk)
+			c.buf = c.buf[:0]
+			c.refs.Store(1)
+			t.cur = c
+		}
+		c.refs.Add(1)
+		p.c = c
+		at := len(c.buf)
+		c.buf = c.buf[:at+n]
+		b = c.buf[at : at : at+n]
 	}
-	if cap(t.arena)-len(t.arena) < len(b) {
-		t.arena = make([]byte, 0, arenaChunk)
+	if key != nil {
+		b = append(b, key...)
+		p.rec.Key = b[:len(key):len(key)]
 	}
-	at := len(t.arena)
-	t.arena = append(t.arena, b...)
-	return t.arena[at:len(t.arena):len(t.arena)]
+	b = append(append(b, prefix...), value...)
+	p.rec.Value = b[len(key):]
 }
 
-// copyPrefixed is copyBytes of prefix followed by b, in one piece of the arena.
-func (t *Tracker) copyPrefixed(prefix, b []byte) []byte {
-	if len(prefix) == 0 {
-		return t.copyBytes(b)
+// retire gives up the tracker's reference to its current chunk.
+func (t *Tracker) retire() {
+	if t.cur != nil {
+		t.sink.release(t.cur)
+		t.cur = nil
 	}
-	n := len(prefix) + len(b)
-	if n > arenaChunk/4 {
-		return append(append(make([]byte, 0, n), prefix...), b...)
+}
+
+func (s *Sink) release(c *chunk) {
+	if c.refs.Add(-1) == 0 {
+		s.chunks.Put(c)
 	}
-	if cap(t.arena)-len(t.arena) < n {
-		t.arena = make([]byte, 0, arenaChunk)
-	}
-	at := len(t.arena)
-	t.arena = append(append(t.arena, prefix...), b...)
-	return t.arena[at:len(t.arena):len(t.arena)]
 }
 
 // SetClock sets the time (Unix ms) that the velocity.emitted_at header of the
@@ -212,22 +258,18 @@ func (t *Tracker) SetClock(unixMs int64) {
 
 // Features produces one features record. key and value are copied.
 func (t *Tracker) Features(key, value []byte, arrival int64) {
-	r := t.sink.recs.Get().(*kgo.Record)
-	hdrs := r.Headers[:0] // a pooled record keeps its header slice
+	p := t.sink.pend.Get().(*pending)
 	emitted := t.nowText
 	if t.nowMs == 0 {
 		emitted = strconv.AppendInt(nil, time.Now().UnixMilli(), 10)
 	}
-	*r = kgo.Record{
-		Topic: t.sink.outputTopic,
-		Key:   t.copyBytes(key),
-		Value: t.copyPrefixed(t.sink.prefix, value),
-		Headers: append(hdrs,
-			kgo.RecordHeader{Key: HeaderEmittedAt, Value: emitted},
-			kgo.RecordHeader{Key: HeaderHost, Value: t.sink.host},
-		),
-	}
-	t.produce(r, arrival)
+	p.rec.Topic = t.sink.outputTopic
+	p.rec.Headers = append(p.rec.Headers[:0], // a pooled record keeps its header slice
+		kgo.RecordHeader{Key: HeaderEmittedAt, Value: emitted},
+		kgo.RecordHeader{Key: HeaderHost, Value: t.sink.host},
+	)
+	t.copyInto(p, key, t.sink.prefix, value)
+	t.produce(p, arrival)
 }
 
 // DeadLetter describes one record for the dead-letter topic.
@@ -242,23 +284,17 @@ type DeadLetter struct {
 
 // Dead produces one dead letter with the contract's headers. Bytes are copied.
 func (t *Tracker) Dead(d DeadLetter) {
-	r := t.sink.recs.Get().(*kgo.Record)
-	*r = kgo.Record{
-		Topic: t.sink.dlqTopic,
-		Key:   t.copyBytes(d.Key),
-		Value: t.copyBytes(d.Value),
-		Headers: []kgo.RecordHeader{
-			{Key: codec.HeaderReason, Value: []byte(d.Reason)},
-			{Key: codec.HeaderError, Value: []byte(d.Err)},
-			{Key: codec.HeaderSourceTopic, Value: []byte(d.SourceTopic)},
-			{Key: codec.HeaderSourcePartition, Value: strconv.AppendInt(nil, int64(d.SourcePartition), 10)},
-			{Key: codec.HeaderSourceOffset, Value: strconv.AppendInt(nil, d.SourceOffset, 10)},
-		},
-	}
-	if d.Key == nil {
-		r.Key = nil
-	}
-	t.produce(r, -1)
+	p := t.sink.pend.Get().(*pending)
+	p.rec.Topic = t.sink.dlqTopic
+	p.rec.Headers = append(p.rec.Headers[:0],
+		kgo.RecordHeader{Key: codec.HeaderReason, Value: []byte(d.Reason)},
+		kgo.RecordHeader{Key: codec.HeaderError, Value: []byte(d.Err)},
+		kgo.RecordHeader{Key: codec.HeaderSourceTopic, Value: []byte(d.SourceTopic)},
+		kgo.RecordHeader{Key: codec.HeaderSourcePartition, Value: strconv.AppendInt(nil, int64(d.SourcePartition), 10)},
+		kgo.RecordHeader{Key: codec.HeaderSourceOffset, Value: strconv.AppendInt(nil, d.SourceOffset, 10)},
+	)
+	t.copyInto(p, d.Key, nil, d.Value)
+	t.produce(p, -1)
 }
 
 // Cut seals the open epoch (every record produced so far) and opens a new one
@@ -270,35 +306,50 @@ func (t *Tracker) Cut() *Epoch {
 	return e
 }
 
-func (t *Tracker) produce(r *kgo.Record, arrival int64) {
-	size := int64(len(r.Key) + len(r.Value))
-	ep := t.epoch
-	ep.n.Add(1)
+func (t *Tracker) produce(p *pending, arrival int64) {
+	p.t, p.ep, p.arrival = t, t.epoch, arrival
+	p.size = int64(len(p.rec.Key) + len(p.rec.Value))
+	p.ep.n.Add(1)
 	t.inflight.Add(1)
-	t.bytes.Add(size)
-	// The context is Background on purpose: a record handed to the client must
-	// either be acknowledged or fail through the promise, never be abandoned by
-	// a cancelled context while the checkpoint believes it is in flight.
-	t.sink.prod.Produce(context.Background(), r, func(r *kgo.Record, err error) {
-		if err != nil {
-			t.mu.Lock()
-			if t.err == nil {
-				t.err = fmt.Errorf("produce to %s: %w", r.Topic, err)
-			}
-			t.mu.Unlock()
-		} else if arrival > 0 && t.onAck != nil {
-			t.onAck(arrival)
+	t.bytes.Add(p.size)
+	t.sink.prod.Produce(context.Background(), &p.rec, promise)
+}
+
+// promise ends every record's life: it counts the outcome, recycles the record
+// and its share of the arena, and wakes Flush when nothing is left in flight.
+func promise(r *kgo.Record, err error) {
+	p := r.Context.(*pending)
+	t := p.t
+	if err != nil {
+		t.mu.Lock()
+		if t.err == nil {
+			t.err = fmt.Errorf("produce to %s: %w", r.Topic, err)
 		}
-		*r = kgo.Record{Headers: r.Headers[:0]}
-		t.sink.recs.Put(r)
-		t.bytes.Add(-size)
-		ep.release()
-		if t.inflight.Add(-1) == 0 {
-			t.mu.Lock()
-			t.cond.Broadcast()
-			t.mu.Unlock()
-		}
-	})
+		t.mu.Unlock()
+	} else if p.arrival > 0 && t.onAck != nil {
+		t.onAck(p.arrival)
+	}
+	t.bytes.Add(-p.size)
+	ep := p.ep
+	if p.c != nil {
+		t.sink.release(p.c)
+	}
+	hdrs := p.rec.Headers[:0]
+	clear(hdrs[:cap(hdrs)]) // drop the header values' memory
+	// Field by field: the client may still read the record's Context (a
+	// goroutine that waited for a new topic's metadata), so that field and
+	// p.Context are never written after New.
+	r.Key, r.Value, r.Headers, r.Topic = nil, nil, hdrs, ""
+	r.Timestamp, r.Partition, r.Attrs = time.Time{}, 0, kgo.RecordAttrs{}
+	r.ProducerEpoch, r.ProducerID, r.LeaderEpoch, r.Offset = 0, 0, 0, 0
+	p.t, p.ep, p.c, p.arrival, p.size = nil, nil, nil, 0, 0
+	t.sink.pend.Put(p)
+	ep.release()
+	if t.inflight.Add(-1) == 0 {
+		t.mu.Lock()
+		t.cond.Broadcast()
+		t.mu.Unlock()
+	}
 }
 
 // PendingBytes is the size of this partition's records not yet acknowledged.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"testing"
@@ -19,12 +20,22 @@ type fakeProducer struct {
 	mu      sync.Mutex
 	pending []func(error)
 	got     []kgo.Record
+	live    []*kgo.Record // the records as handed over, in the sink's memory
 }
 
 func (f *fakeProducer) Produce(_ context.Context, r *kgo.Record, promise func(*kgo.Record, error)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.got = append(f.got, *r)
+	// A real client serialises the record before its promise; the sink then
+	// reuses the record and its memory, so keep a deep copy.
+	c := *r
+	c.Key, c.Value = bytes.Clone(r.Key), bytes.Clone(r.Value)
+	c.Headers = nil
+	for _, h := range r.Headers {
+		c.Headers = append(c.Headers, kgo.RecordHeader{Key: h.Key, Value: bytes.Clone(h.Value)})
+	}
+	f.got = append(f.got, c)
+	f.live = append(f.live, r)
 	f.pending = append(f.pending, func(err error) { promise(r, err) })
 }
 
@@ -254,5 +265,135 @@ func TestEmittedAtClock(t *testing.T) {
 			}
 		}
 		fp.settle(nil) // records go back to the pool with their header slices
+	}
+}
+
+// TestArenaRecycling acknowledges records out of order while more are produced,
+// so that chunks are recycled and reused: every record still in flight must keep
+// its bytes until its own promise, and the steady state must not allocate.
+func TestArenaRecycling(t *testing.T) {
+	fp := &fakeProducer{}
+	s := New(fp, "out", "dlq", "h")
+	tr := s.NewTracker(nil)
+	value := func(i int) []byte { return bytes.Repeat([]byte{byte(i), byte(i >> 8)}, 500+i%300) }
+	key := func(i int) []byte { return []byte(fmt.Sprintf("entity-%d", i)) }
+	const n = 3000 // ~3 MB: a dozen chunks
+	next := 0
+	for round := 0; round < 4; round++ {
+		for ; next < (round+1)*n; next++ {
+			tr.Features(key(next), value(next), 1)
+		}
+		// Acknowledge every other pending record, oldest first: chunks are
+		// released only once all their records are.
+		fp.mu.Lock()
+		pend, live := fp.pending, fp.live
+		var keepP []func(error)
+		var keepL []*kgo.Record
+		for i := range pend {
+			if i%2 == 0 {
+				keepP, keepL = append(keepP, pend[i]), append(keepL, live[i])
+			}
+		}
+		fp.pending, fp.live = nil, nil
+		fp.mu.Unlock()
+		for i := range pend {
+			if i%2 == 1 {
+				// Check the bytes before the promise recycles the record.
+				r := live[i]
+				if !bytes.HasPrefix(r.Key, []byte("entity-")) {
+					t.Fatalf("round %d: key of an in-flight record was overwritten: %q", round, r.Key)
+				}
+				pend[i](nil)
+			}
+		}
+		for i, r := range keepL {
+			var k int
+			if _, err := fmt.Sscanf(string(r.Key), "entity-%d", &k); err != nil {
+				t.Fatalf("round %d: in-flight key %q: %v", round, r.Key, err)
+			}
+			if !bytes.Equal(r.Value, value(k)) {
+				t.Fatalf("round %d: value of in-flight record %d (entity-%d) was overwritten", round, i, k)
+			}
+		}
+		for _, p := range keepP {
+			p(nil)
+		}
+	}
+	if n := tr.PendingBytes(); n != 0 {
+		t.Fatalf("pending bytes %d after every promise", n)
+	}
+}
+
+// ackingProducer acknowledges every record at once, as the client's promise
+// goroutine would, without keeping anything.
+type ackingProducer struct{}
+
+func (ackingProducer) Produce(_ context.Context, r *kgo.Record, promise func(*kgo.Record, error)) {
+	promise(r, nil)
+}
+
+// TestFeaturesDoesNotAllocate: in steady state a features record reuses a pooled
+// record, its header slice and arena memory of acknowledged records.
+func TestFeaturesDoesNotAllocate(t *testing.T) {
+	limit := 0.01
+	if raceEnabled {
+		limit = 0.5 // the race detector makes sync.Pool drop a quarter of its items on purpose
+	}
+	tr := New(ackingProducer{}, "out", "dlq", "h").NewTracker(func(int64) {})
+	tr.SetClock(1_700_000_000_000)
+	k, v := []byte("card-1234"), bytes.Repeat([]byte{7}, 180)
+	for range 5000 { // warm the pools
+		tr.Features(k, v, 1)
+	}
+	if allocs := testing.AllocsPerRun(20000, func() { tr.Features(k, v, 1) }); allocs > limit {
+		t.Errorf("%.3f allocations per features record, want at most %.2f", allocs, limit)
+	}
+}
+
+// stampingProducer sets what a real client sets on a produced record, and
+// remembers what it was handed.
+type stampingProducer struct{ handed []kgo.Record }
+
+func (s *stampingProducer) Produce(_ context.Context, r *kgo.Record, promise func(*kgo.Record, error)) {
+	s.handed = append(s.handed, *r)
+	r.Timestamp, r.Partition, r.Offset, r.ProducerID, r.ProducerEpoch = time.Now(), 3, 99, 7, 1
+	promise(r, nil)
+}
+
+// TestReusedRecordIsClean: a record reused from the pool carries nothing of its
+// previous life (a stale Timestamp would be produced as the new record's).
+func TestReusedRecordIsClean(t *testing.T) {
+	sp := &stampingProducer{}
+	tr := New(sp, "out", "dlq", "h").NewTracker(nil)
+	for i := range 50 {
+		if i%5 == 0 {
+			tr.Dead(DeadLetter{Key: []byte("k"), Value: []byte{1}, Reason: codec.ReasonDecode, SourceTopic: "in"})
+		} else {
+			tr.Features([]byte("card"), []byte{byte(i)}, 1)
+		}
+	}
+	for i, r := range sp.handed {
+		if !r.Timestamp.IsZero() || r.Partition != 0 || r.Offset != 0 || r.ProducerID != 0 || r.ProducerEpoch != 0 {
+			t.Fatalf("record %d handed over with state of an earlier one: %+v", i, r)
+		}
+		wantHeaders := 2
+		if i%5 == 0 {
+			wantHeaders = 5
+		}
+		if len(r.Headers) != wantHeaders {
+			t.Fatalf("record %d has %d headers, want %d", i, len(r.Headers), wantHeaders)
+		}
+	}
+}
+
+// BenchmarkFeatures is the sink's cost per features record with a client that
+// acknowledges at once: copying into the arena, the pooled record and headers.
+func BenchmarkFeatures(b *testing.B) {
+	tr := New(ackingProducer{}, "out", "dlq", "h").NewTracker(func(int64) {})
+	tr.SetClock(1_700_000_000_000)
+	k, v := []byte("card-1234"), bytes.Repeat([]byte{7}, 180)
+	b.ReportAllocs()
+	for b.Loop() {
+		tr.Features(k, v, 1)
 	}
 }
