@@ -479,6 +479,8 @@ func (w *worker) completeSweep() {
 	}
 }
 
+// finishCheckpoint waits for the outputs of the epoch, saves the snapshot and
+// commits next.
 func (w *worker) finishCheckpoint(epoch *sink.Epoch, next int64, state []byte, start time.Time) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -499,6 +501,10 @@ func (w *worker) finishCheckpoint(epoch *sink.Epoch, next int64, state []byte, s
 		w.s.log.Warn("offset commit failed", zap.Int32("partition", w.part), zap.Int64("next", next), zap.Error(err))
 	}
 	w.s.m.CheckpointSeconds.Observe(time.Since(start).Seconds())
+	if ce := w.s.log.Check(zap.DebugLevel, "checkpoint saved"); ce != nil {
+		ce.Write(zap.Int32("partition", w.part), zap.Int64("next", next), zap.Int("bytes", len(state)),
+			zap.Time("began", start), zap.Duration("took", time.Since(start)))
+	}
 	return nil
 }
 
