@@ -187,6 +187,9 @@ func describe(r Result) string {
 		s += fmt.Sprintf(" %.0f ev/s wall=%.1fs startup=%.1fs", r.EventsPerSec, r.WallSec, r.StartupSec)
 	} else {
 		s += fmt.Sprintf(" rate=%d p50=%.0fms p99=%.0fms p999=%.0fms max=%.0fms worst=%v", r.Rate, r.P50Ms, r.P99Ms, r.P999Ms, r.MaxMs, r.WorstSeconds)
+		if r.P99ToEmitMs > 0 || r.P99FromEmitMs > 0 {
+			s += fmt.Sprintf(" p99 to input append=%.0fms, to emitted_at=%.0fms, emitted_at to output append=%.0fms", r.P99ToInputMs, r.P99ToEmitMs, r.P99FromEmitMs)
+		}
 	}
 	s += fmt.Sprintf(" rss=%.0fMiB cpu=%.1fs (%.2f s/M)", r.PeakRSSMiB, r.CPUSec, r.CPUSecPerMEvt)
 	if r.Err != "" {

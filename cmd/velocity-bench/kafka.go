@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+	"github.com/velocity-consumer/velocity-consumer/pkg/sink"
 )
 
 // checkLoopback refuses brokers off this machine: the harness creates and deletes
@@ -251,20 +252,39 @@ type scanResult struct {
 	FirstAppend           time.Time // earliest broker append time of any output
 	LastAppend            time.Time
 	Latencies             []int64 // ms: append time − event_time, features only, sorted
-	Unique                int     // distinct input (partition, offset) pairs covered
-	Dups                  int     // outputs for an input that already had one
-	BadValues             int     // features values that did not decode
+	// ToEmit and FromEmit split Latencies at the velocity.emitted_at header, for the
+	// records that carry it (sorted, ms). ToInput is the first part of ToEmit: the
+	// input record's broker append time − event_time (load generator and broker),
+	// when the input topic stamps append times.
+	ToEmit, FromEmit, ToInput []int64
+	Unique                    int // distinct input (partition, offset) pairs covered
+	Dups                      int // outputs for an input that already had one
+	BadValues                 int // features values that did not decode
 	// PerSecondMax is the largest latency of the events produced in each second after
 	// minEventTime (index 0 = the first second): stalls show up as a few bad seconds,
 	// and their spacing tells a periodic cause (a checkpoint interval) from noise.
 	PerSecondMax []int64
+	// PerSecondSplit is, per second as PerSecondMax, the largest of each part of
+	// the latency: to the input's append, on to emitted_at, on to the output's
+	// append (−1 where unknown).
+	PerSecondSplit [][3]int64
 }
 
 // scanOutputs reads output and dlq from the start with read_committed until it has seen
 // want records or timeout passes. minEventTime excludes warm-up records from the latency
 // sample (they still count for accounting).
-func scanOutputs(ctx context.Context, brokers []string, output, dlq string, want int, minEventTime int64, disorder map[string]int64, timeout time.Duration) (scanResult, error) {
+//
+// If input is set, its records' timestamps (append times) are read first, to split
+// each latency sample at the input's append.
+func scanOutputs(ctx context.Context, brokers []string, input, output, dlq string, want int, minEventTime int64, disorder map[string]int64, timeout time.Duration) (scanResult, error) {
 	var res scanResult
+	var inAppend map[int32][]int64
+	if input != "" {
+		var err error
+		if inAppend, err = readAppendTimes(ctx, brokers, input, want, timeout); err != nil {
+			return res, err
+		}
+	}
 	cl, err := kgo.NewClient(
 		kgo.SeedBrokers(brokers...),
 		kgo.ConsumeTopics(output, dlq),
@@ -314,21 +334,92 @@ func scanOutputs(ctx context.Context, brokers []string, output, dlq string, want
 			if produced >= minEventTime {
 				lat := ts.UnixMilli() - produced
 				res.Latencies = append(res.Latencies, lat)
+				split := [3]int64{-1, -1, -1}
+				if a := inAppend[f.SourcePartition]; f.SourceOffset >= 0 && f.SourceOffset < int64(len(a)) {
+					split[0] = a[f.SourceOffset] - produced
+					res.ToInput = append(res.ToInput, split[0])
+				}
+				if em, ok := emittedAt(r); ok {
+					res.ToEmit = append(res.ToEmit, em-produced)
+					res.FromEmit = append(res.FromEmit, ts.UnixMilli()-em)
+					split[2] = ts.UnixMilli() - em
+					if split[0] >= 0 {
+						split[1] = em - produced - split[0]
+					}
+				}
 				if sec := (produced - minEventTime) / 1000; sec < 3600 {
 					for int64(len(res.PerSecondMax)) <= sec {
 						res.PerSecondMax = append(res.PerSecondMax, 0)
 					}
 					res.PerSecondMax[sec] = max(res.PerSecondMax[sec], lat)
+					for int64(len(res.PerSecondSplit)) <= sec {
+						res.PerSecondSplit = append(res.PerSecondSplit, [3]int64{-1, -1, -1})
+					}
+					for i, v := range split {
+						res.PerSecondSplit[sec][i] = max(res.PerSecondSplit[sec][i], v)
+					}
 				}
 			}
 		})
 	}
 	slices.Sort(res.Latencies)
+	slices.Sort(res.ToEmit)
+	slices.Sort(res.FromEmit)
+	slices.Sort(res.ToInput)
 	res.Unique, res.Dups = seen.count, seen.dups
 	if got := res.Features + res.DeadLetters; got < want {
 		return res, fmt.Errorf("read %d of %d outputs within %s", got, want, timeout)
 	}
 	return res, nil
+}
+
+// readAppendTimes reads want records of topic and returns each one's timestamp
+// (Unix ms), by partition and offset.
+func readAppendTimes(ctx context.Context, brokers []string, topic string, want int, timeout time.Duration) (map[int32][]int64, error) {
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(brokers...),
+		kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxBytes(64<<20),
+		kgo.FetchMaxWait(200*time.Millisecond),
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	times := map[int32][]int64{}
+	for n := 0; n < want; {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("read append times of %s: %d of %d records: %w", topic, n, want, err)
+		}
+		if errs := fs.Errors(); len(errs) > 0 {
+			return nil, fmt.Errorf("read append times of %s: %w", topic, errs[0].Err)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			a := times[r.Partition]
+			for int64(len(a)) <= r.Offset {
+				a = append(a, 0)
+			}
+			a[r.Offset] = r.Timestamp.UnixMilli()
+			times[r.Partition] = a
+			n++
+		})
+	}
+	return times, nil
+}
+
+// emittedAt is the processor's velocity.emitted_at header (Unix ms), if it has one.
+func emittedAt(r *kgo.Record) (int64, bool) {
+	for _, h := range r.Headers {
+		if h.Key == sink.HeaderEmittedAt {
+			v, err := strconv.ParseInt(string(h.Value), 10, 64)
+			return v, err == nil
+		}
+	}
+	return 0, false
 }
 
 func dlqSource(r *kgo.Record) (int32, int64) {

@@ -38,10 +38,28 @@ type Result struct {
 	// WorstSeconds: the seconds of the measured phase with the largest latency, as
 	// "+Ns:max ms", worst first.
 	WorstSeconds []string `json:"worst_seconds,omitempty"`
-	P50Ms        float64  `json:"p50_ms"`
-	P99Ms        float64  `json:"p99_ms"`
-	P999Ms       float64  `json:"p999_ms"`
-	MaxMs        float64  `json:"max_ms"`
+	// PerSecondMaxMs is the largest latency of the events produced in each second
+	// of the measured phase, from MeasuredFromUnixMs on: to line stalls up with
+	// the processor's log.
+	PerSecondMaxMs     []int64 `json:"per_second_max_ms,omitempty"`
+	MeasuredFromUnixMs int64   `json:"measured_from_unix_ms,omitempty"`
+	// PerSecondSplitMs: per second, the largest of each part of the latency (to
+	// the input's append, on to emitted_at, on to the output's append; −1 unknown).
+	PerSecondSplitMs [][3]int64 `json:"per_second_split_ms,omitempty"`
+	P50Ms            float64    `json:"p50_ms"`
+	P99Ms            float64    `json:"p99_ms"`
+	P999Ms           float64    `json:"p999_ms"`
+	MaxMs            float64    `json:"max_ms"`
+	// The p99 split at the processor's velocity.emitted_at header (ours only; Kafka
+	// Streams sets none): ToEmit = event_time → the processor produced the record
+	// (load generator, broker, fetch, queueing and processing); FromEmit = that →
+	// the broker appended it (produce batching and the broker). Each is its own
+	// p99, so they need not add up to P99Ms.
+	P99ToEmitMs   float64 `json:"p99_to_emit_ms,omitempty"`
+	P99FromEmitMs float64 `json:"p99_from_emit_ms,omitempty"`
+	// P99ToInputMs: event_time → the broker appended the input record (the load
+	// generator's batching and the broker), the first part of ToEmit.
+	P99ToInputMs float64 `json:"p99_to_input_ms,omitempty"`
 
 	// At the moment every output was in the topic (before shutdown).
 	PeakRSSMiB    float64 `json:"peak_rss_mib"`
@@ -113,11 +131,10 @@ func (r *runner) runLatency(ctx context.Context, p ProcSpec, w Workload, rate in
 		res.Err = err.Error()
 		return res
 	}
-	if err := createTopics(ctx, r.adm, partitions, nil, input); err != nil {
-		res.Err = err.Error()
-		return res
-	}
-	if err := createTopics(ctx, r.adm, partitions, outputConfigs, output, dlq); err != nil {
+	// The input stamps append times too, so that each sample splits at the input's
+	// append (load generator and broker before it, the processor after). Event
+	// times are in the values; neither processor reads the input's timestamps.
+	if err := createTopics(ctx, r.adm, partitions, outputConfigs, input, output, dlq); err != nil {
 		res.Err = err.Error()
 		return res
 	}
@@ -205,7 +222,11 @@ func (r *runner) measure(ctx context.Context, res *Result, p ProcSpec, input, ou
 	if !p.EOS {
 		stop()
 	}
-	sr, err := scanOutputs(ctx, r.brokers, output, dlq, want, minEventTime, disorder, 3*time.Minute)
+	latInput := "" // latency runs' inputs carry append times: split the latency there
+	if feed != nil {
+		latInput = input
+	}
+	sr, err := scanOutputs(ctx, r.brokers, latInput, output, dlq, want, minEventTime, disorder, 3*time.Minute)
 	stop()
 	res.ExitCPUSec = exit.CPU.Seconds()
 	res.ExitMaxRSSMiB = float64(exit.PeakRSSB) / (1 << 20)
@@ -222,11 +243,22 @@ func (r *runner) measure(ctx context.Context, res *Result, p ProcSpec, input, ou
 	res.StartupSec = sr.FirstAppend.Sub(start).Seconds()
 	res.LatencySamples = len(sr.Latencies)
 	res.WorstSeconds = worstSeconds(sr.PerSecondMax, 5)
+	if len(sr.PerSecondMax) > 0 {
+		res.PerSecondMaxMs, res.MeasuredFromUnixMs = sr.PerSecondMax, minEventTime
+		res.PerSecondSplitMs = sr.PerSecondSplit
+	}
 	if len(sr.Latencies) > 0 {
 		res.P50Ms = Percentile(sr.Latencies, 0.5)
 		res.P99Ms = Percentile(sr.Latencies, 0.99)
 		res.P999Ms = Percentile(sr.Latencies, 0.999)
 		res.MaxMs = float64(sr.Latencies[len(sr.Latencies)-1])
+	}
+	if len(sr.ToEmit) > 0 {
+		res.P99ToEmitMs = Percentile(sr.ToEmit, 0.99)
+		res.P99FromEmitMs = Percentile(sr.FromEmit, 0.99)
+	}
+	if len(sr.ToInput) > 0 {
+		res.P99ToInputMs = Percentile(sr.ToInput, 0.99)
 	}
 	// No samples leaves the latency fields at zero (JSON has no NaN); LatencySamples
 	// tells a zero latency from none.
