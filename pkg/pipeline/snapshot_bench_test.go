@@ -62,19 +62,37 @@ func BenchmarkCheckpointPause(b *testing.B) {
 	})
 }
 
-// BenchmarkProcessHints is Process over fetched batches at 1 M entities (uniform, so
-// nearly every lookup misses the cache), lateness 0, dedupe on, with and without the
-// lookahead hints the service gives (Hint on the records ahead in the batch). The
-// table is warmed with one event per entity first.
+// BenchmarkProcessHints is Process over fetched batches, lateness 0, dedupe on, with
+// and without the lookahead hints the service gives (Hint on the records ahead in the
+// batch), over two workloads: 1 M entities uniform (nearly every lookup misses the
+// cache) and velocity-bench's Zipf(s=1.1, v=10) over 100 000 entities (the hot ones
+// stay cached). The table is warmed with one event per entity first.
 func BenchmarkProcessHints(b *testing.B) {
-	const entities = 1_000_000
+	for _, wl := range []struct {
+		name     string
+		entities int
+		zipf     bool
+	}{
+		{"uniform-1M", 1_000_000, false},
+		{"zipf-100k", 100_000, true},
+	} {
+		b.Run(wl.name, func(b *testing.B) { benchProcessHints(b, wl.entities, wl.zipf) })
+	}
+}
+
+func benchProcessHints(b *testing.B, entities int, zipf bool) {
 	const n = 1 << 21
 	rng := rand.New(rand.NewPCG(5, 6))
+	z := rand.NewZipf(rng, 1.1, 10, uint64(entities-1))
 	recs := make([]Record, n)
 	for i := range recs {
 		e := i % entities // the warm-up pass touches each entity once
 		if i >= entities {
-			e = rng.IntN(entities)
+			if zipf {
+				e = int(z.Uint64()*7919) % entities // scatter ranks over ids
+			} else {
+				e = rng.IntN(entities)
+			}
 		}
 		tx := codec.Transaction{EventID: fmt.Sprintf("evt-%09d", i), EntityID: fmt.Sprintf("card-%07d", e), AmountMinor: rng.Int64N(10000), Currency: "EUR", EventTime: exampleT + int64(i)}
 		recs[i] = Record{Offset: int64(i), Key: []byte(tx.EntityID), Value: codec.EncodeTransaction(&tx)}
