@@ -211,7 +211,6 @@ func (s *Service) Run(ctx context.Context) error {
 		kgo.OnPartitionsRevoked(s.revoked),
 		kgo.OnPartitionsLost(s.lost),
 		kgo.FetchMaxBytes(32 << 20),
-		kgo.WithPools(&recordPool{}), // workers Recycle every record they process
 	}, s.cfg.ClientOpts...)
 	if st := s.cfg.SessionTimeout; st > 0 {
 		copts = append(copts, kgo.SessionTimeout(st), kgo.HeartbeatInterval(min(3*time.Second, st/3)))

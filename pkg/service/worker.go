@@ -242,9 +242,6 @@ func (w *worker) process(b batch) {
 			Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
 			Key: r.Key, Value: r.Value, Arrival: arrival,
 		}, w.emitFn)
-		// Processed: the pipeline and the sink copied what they keep, so the
-		// record's memory goes back to the consumer's pool (see recordPool).
-		r.Recycle()
 	}
 	if len(w.held) == 0 && w.backoff > 0 {
 		w.s.log.Info("schema registry answers again: partition resumes", zap.Int32("partition", w.part),
