@@ -62,6 +62,8 @@ func TestValidationErrorsNameTheFlag(t *testing.T) {
 		{"bad env value", map[string]string{"VELOCITY_CHECKPOINT_INTERVAL": "soon"}, nil, "VELOCITY_CHECKPOINT_INTERVAL"},
 		{"writer schema missing", nil, []string{"--writer-schema", "/nonexistent.avsc"}, "--writer-schema"},
 		{"stray argument", nil, []string{"extra"}, "unexpected argument"},
+		{"no producers", nil, []string{"--producers", "0"}, "--producers"},
+		{"too many producers", map[string]string{"VELOCITY_PRODUCERS": "65"}, nil, "VELOCITY_PRODUCERS"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -86,7 +88,7 @@ func TestValidConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(c.Brokers) != 2 || c.Watermark.AllowedLateness != 2000 || c.Late.String() != "apply" || len(c.Specs) != 2 || c.CheckpointInterval != 5*time.Second {
+	if len(c.Brokers) != 2 || c.Watermark.AllowedLateness != 2000 || c.Late.String() != "apply" || len(c.Specs) != 2 || c.CheckpointInterval != 5*time.Second || c.Producers != 1 {
 		t.Fatalf("config %+v", c)
 	}
 }

@@ -79,6 +79,16 @@ type Config struct {
 	// passes it; fetching resumes below half. Default 32 MiB.
 	MaxPendingProduceBytes int64
 
+	// Producers is how many producer clients publish the outputs (without
+	// ExactlyOnce, which has one per partition); partition p uses client p mod
+	// Producers, so each partition's outputs keep their order. franz-go sends
+	// an idempotent client's produce requests to a broker one at a time, so
+	// with one client every partition's outputs wait behind each request;
+	// several let requests overlap, which raises peak throughput, while at
+	// moderate rates the smaller batches of several clients cost latency
+	// (BENCHMARKS.md, session 3). Default 1.
+	Producers int
+
 	// Host goes into the velocity.host header of features records.
 	Host string
 
@@ -121,19 +131,24 @@ func (c *Config) defaults() error {
 	if c.MaxPendingProduceBytes <= 0 {
 		c.MaxPendingProduceBytes = 32 << 20
 	}
+	if c.Producers <= 0 {
+		c.Producers = DefaultProducers
+	}
 	return nil
 }
 
+// DefaultProducers is Config.Producers' default.
+const DefaultProducers = 1
+
 // Service runs the consumer group. Create it with New and call Run once.
 type Service struct {
-	cfg  Config
-	log  *zap.Logger
-	m    *metrics.Metrics
-	dec  codec.Decoder
-	prod *kgo.Client
-	cons *kgo.Client
-	adm  *kadm.Client
-	sink *sink.Sink
+	cfg   Config
+	log   *zap.Logger
+	m     *metrics.Metrics
+	dec   codec.Decoder
+	cons  *kgo.Client
+	adm   *kadm.Client
+	sinks []*sink.Sink // one per producer client; partition p uses sinks[p mod len]
 
 	mu      sync.Mutex
 	workers map[int32]*worker
@@ -192,11 +207,18 @@ func (s *Service) Run(ctx context.Context) error {
 
 	var err error
 	popts := append(append([]kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...)}, sink.ProducerOpts()...), s.cfg.ClientOpts...)
-	if s.prod, err = kgo.NewClient(popts...); err != nil {
-		return fmt.Errorf("create producer: %w", err)
+	producers := s.cfg.Producers
+	if s.cfg.ExactlyOnce {
+		producers = 1 // partitions publish through their own transactional clients
 	}
-	defer s.prod.Close()
-	s.sink = sink.New(s.prod, s.cfg.OutputTopic, s.cfg.DLQTopic, s.cfg.Host).WithFeaturesPrefix(s.cfg.FeaturesValuePrefix)
+	for range producers {
+		prod, err := kgo.NewClient(popts...)
+		if err != nil {
+			return fmt.Errorf("create producer: %w", err)
+		}
+		defer prod.Close()
+		s.sinks = append(s.sinks, sink.New(prod, s.cfg.OutputTopic, s.cfg.DLQTopic, s.cfg.Host).WithFeaturesPrefix(s.cfg.FeaturesValuePrefix))
+	}
 
 	copts := append([]kgo.Opt{
 		kgo.SeedBrokers(s.cfg.Brokers...),

@@ -87,7 +87,7 @@ func (s *Service) startWorker(p int32, proc *pipeline.Processor, txn *kgo.Client
 		features:    s.m.Features.WithLabelValues(label),
 		lateApplied: s.m.LateApplied.WithLabelValues(label),
 	}
-	snk := s.sink
+	snk := s.sinks[int(p)%len(s.sinks)]
 	if txn != nil {
 		snk = sink.New(txn, s.cfg.OutputTopic, s.cfg.DLQTopic, s.cfg.Host).WithFeaturesPrefix(s.cfg.FeaturesValuePrefix)
 	}
