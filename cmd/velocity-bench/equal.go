@@ -167,8 +167,7 @@ func readInputs(ctx context.Context, brokers []string, topic string, want int, t
 	if err != nil {
 		return nil, err
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxBytes(64<<20))
+	cl, err := newReader(brokers, false, topic)
 	if err != nil {
 		return nil, err
 	}
@@ -203,9 +202,7 @@ func readInputs(ctx context.Context, brokers []string, topic string, want int, t
 // want of them. A second output for one input is counted, and compared with the first.
 func readOutputs(ctx context.Context, brokers []string, output, dlq string, want int, timeout time.Duration) (collected, error) {
 	res := collected{recs: make(map[srcKey]outRec, want)}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(output, dlq),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.FetchMaxBytes(64<<20))
+	cl, err := newReader(brokers, true, output, dlq)
 	if err != nil {
 		return res, err
 	}

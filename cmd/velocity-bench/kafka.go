@@ -285,14 +285,7 @@ func scanOutputs(ctx context.Context, brokers []string, input, output, dlq strin
 			return res, err
 		}
 	}
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(brokers...),
-		kgo.ConsumeTopics(output, dlq),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.FetchMaxBytes(64<<20),
-		kgo.FetchMaxWait(200*time.Millisecond),
-	)
+	cl, err := newReader(brokers, true, output, dlq)
 	if err != nil {
 		return res, err
 	}
@@ -373,16 +366,26 @@ func scanOutputs(ctx context.Context, brokers []string, input, output, dlq strin
 	return res, nil
 }
 
+// newReader is a client that reads topics from their start, read_committed if
+// committed is set: how the harness reads a run's inputs and outputs back.
+func newReader(brokers []string, committed bool, topics ...string) (*kgo.Client, error) {
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(brokers...),
+		kgo.ConsumeTopics(topics...),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxBytes(64 << 20),
+		kgo.FetchMaxWait(200 * time.Millisecond),
+	}
+	if committed {
+		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	}
+	return kgo.NewClient(opts...)
+}
+
 // readAppendTimes reads want records of topic and returns each one's timestamp
 // (Unix ms), by partition and offset.
 func readAppendTimes(ctx context.Context, brokers []string, topic string, want int, timeout time.Duration) (map[int32][]int64, error) {
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(brokers...),
-		kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxBytes(64<<20),
-		kgo.FetchMaxWait(200*time.Millisecond),
-	)
+	cl, err := newReader(brokers, false, topic)
 	if err != nil {
 		return nil, err
 	}
