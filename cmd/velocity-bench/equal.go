@@ -167,33 +167,19 @@ func readInputs(ctx context.Context, brokers []string, topic string, want int, t
 	if err != nil {
 		return nil, err
 	}
-	cl, err := newReader(brokers, false, topic)
-	if err != nil {
-		return nil, err
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
 	out := make([]inEvent, 0, want)
 	var tx codec.Transaction
-	for len(out) < want {
-		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("read %d of %d inputs: %w", len(out), want, ctx.Err())
+	var derr error
+	if err := readFromStart(ctx, brokers, false, []string{topic}, want, timeout, func(rec *kgo.Record) {
+		if rej := dec.Decode(rec.Value, 0, false, &tx); rej != nil && derr == nil {
+			derr = fmt.Errorf("input p%d@%d does not decode: %v", rec.Partition, rec.Offset, rej)
 		}
-		if errs := fs.Errors(); len(errs) > 0 {
-			return nil, fmt.Errorf("read inputs: %w", errs[0].Err)
-		}
-		var derr error
-		fs.EachRecord(func(rec *kgo.Record) {
-			if rej := dec.Decode(rec.Value, 0, false, &tx); rej != nil && derr == nil {
-				derr = fmt.Errorf("input p%d@%d does not decode: %v", rec.Partition, rec.Offset, rej)
-			}
-			out = append(out, inEvent{Key: srcKey{rec.Partition, rec.Offset}, ID: tx.EventID, Entity: tx.EntityID, T: tx.EventTime, Amount: tx.AmountMinor})
-		})
-		if derr != nil {
-			return nil, derr
-		}
+		out = append(out, inEvent{Key: srcKey{rec.Partition, rec.Offset}, ID: tx.EventID, Entity: tx.EntityID, T: tx.EventTime, Amount: tx.AmountMinor})
+	}); err != nil {
+		return nil, err
+	}
+	if derr != nil {
+		return nil, derr
 	}
 	return out, nil
 }
@@ -202,51 +188,33 @@ func readInputs(ctx context.Context, brokers []string, topic string, want int, t
 // want of them. A second output for one input is counted, and compared with the first.
 func readOutputs(ctx context.Context, brokers []string, output, dlq string, want int, timeout time.Duration) (collected, error) {
 	res := collected{recs: make(map[srcKey]outRec, want)}
-	cl, err := newReader(brokers, true, output, dlq)
-	if err != nil {
-		return res, err
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	n := 0
-	for n < want {
-		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			return res, fmt.Errorf("read %d of %d outputs: %w", n, want, ctx.Err())
-		}
-		if errs := fs.Errors(); len(errs) > 0 {
-			return res, fmt.Errorf("read outputs: %w", errs[0].Err)
-		}
-		fs.EachRecord(func(rec *kgo.Record) {
-			n++
-			var k srcKey
-			var o outRec
-			if rec.Topic == dlq {
-				k.P, k.O = dlqSource(rec)
-				o.Dead = true
-				for _, h := range rec.Headers {
-					if h.Key == codec.HeaderReason {
-						o.Reason = string(h.Value)
-					}
+	err := readFromStart(ctx, brokers, true, []string{output, dlq}, want, timeout, func(rec *kgo.Record) {
+		var k srcKey
+		var o outRec
+		if rec.Topic == dlq {
+			k.P, k.O = dlqSource(rec)
+			o.Dead = true
+			for _, h := range rec.Headers {
+				if h.Key == codec.HeaderReason {
+					o.Reason = string(h.Value)
 				}
-			} else {
-				f, err := codec.DecodeFeatures(rec.Value)
-				if err != nil {
-					res.bad++
-					return
-				}
-				k, o.F = srcKey{f.SourcePartition, f.SourceOffset}, f
 			}
-			if first, dup := res.recs[k]; dup {
-				res.dups++
-				if len(diffFields(first, o)) > 0 {
-					res.dupsDiffer++
-				}
+		} else {
+			f, err := codec.DecodeFeatures(rec.Value)
+			if err != nil {
+				res.bad++
 				return
 			}
-			res.recs[k] = o
-		})
-	}
-	return res, nil
+			k, o.F = srcKey{f.SourcePartition, f.SourceOffset}, f
+		}
+		if first, dup := res.recs[k]; dup {
+			res.dups++
+			if len(diffFields(first, o)) > 0 {
+				res.dupsDiffer++
+			}
+			return
+		}
+		res.recs[k] = o
+	})
+	return res, err
 }

@@ -285,90 +285,73 @@ func scanOutputs(ctx context.Context, brokers []string, input, output, dlq strin
 			return res, err
 		}
 	}
-	cl, err := newReader(brokers, true, output, dlq)
-	if err != nil {
-		return res, err
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
 	seen := newOffsetSet()
-	for res.Features+res.DeadLetters < want {
-		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			break
+	err := readFromStart(ctx, brokers, true, []string{output, dlq}, want, timeout, func(r *kgo.Record) {
+		ts := r.Timestamp
+		if res.FirstAppend.IsZero() || ts.Before(res.FirstAppend) {
+			res.FirstAppend = ts
 		}
-		if errs := fs.Errors(); len(errs) > 0 {
-			return res, fmt.Errorf("read outputs: %w", errs[0].Err)
+		if ts.After(res.LastAppend) {
+			res.LastAppend = ts
 		}
-		fs.EachRecord(func(r *kgo.Record) {
-			ts := r.Timestamp
-			if res.FirstAppend.IsZero() || ts.Before(res.FirstAppend) {
-				res.FirstAppend = ts
+		if r.Topic == dlq {
+			res.DeadLetters++
+			p, off := dlqSource(r)
+			seen.Add(p, off)
+			return
+		}
+		res.Features++
+		f, err := codec.DecodeFeatures(r.Value)
+		if err != nil {
+			res.BadValues++
+			return
+		}
+		seen.Add(f.SourcePartition, f.SourceOffset)
+		// Produce time = event_time + the event's disorder (0 for most).
+		produced := f.EventTime + disorder[f.EventID]
+		if produced >= minEventTime {
+			lat := ts.UnixMilli() - produced
+			res.Latencies = append(res.Latencies, lat)
+			split := [3]int64{-1, -1, -1}
+			if a := inAppend[f.SourcePartition]; f.SourceOffset >= 0 && f.SourceOffset < int64(len(a)) {
+				split[0] = a[f.SourceOffset] - produced
+				res.ToInput = append(res.ToInput, split[0])
 			}
-			if ts.After(res.LastAppend) {
-				res.LastAppend = ts
-			}
-			if r.Topic == dlq {
-				res.DeadLetters++
-				p, off := dlqSource(r)
-				seen.Add(p, off)
-				return
-			}
-			res.Features++
-			f, err := codec.DecodeFeatures(r.Value)
-			if err != nil {
-				res.BadValues++
-				return
-			}
-			seen.Add(f.SourcePartition, f.SourceOffset)
-			// Produce time = event_time + the event's disorder (0 for most).
-			produced := f.EventTime + disorder[f.EventID]
-			if produced >= minEventTime {
-				lat := ts.UnixMilli() - produced
-				res.Latencies = append(res.Latencies, lat)
-				split := [3]int64{-1, -1, -1}
-				if a := inAppend[f.SourcePartition]; f.SourceOffset >= 0 && f.SourceOffset < int64(len(a)) {
-					split[0] = a[f.SourceOffset] - produced
-					res.ToInput = append(res.ToInput, split[0])
-				}
-				if em, ok := emittedAt(r); ok {
-					res.ToEmit = append(res.ToEmit, em-produced)
-					res.FromEmit = append(res.FromEmit, ts.UnixMilli()-em)
-					split[2] = ts.UnixMilli() - em
-					if split[0] >= 0 {
-						split[1] = em - produced - split[0]
-					}
-				}
-				if sec := (produced - minEventTime) / 1000; sec < 3600 {
-					for int64(len(res.PerSecondMax)) <= sec {
-						res.PerSecondMax = append(res.PerSecondMax, 0)
-					}
-					res.PerSecondMax[sec] = max(res.PerSecondMax[sec], lat)
-					for int64(len(res.PerSecondSplit)) <= sec {
-						res.PerSecondSplit = append(res.PerSecondSplit, [3]int64{-1, -1, -1})
-					}
-					for i, v := range split {
-						res.PerSecondSplit[sec][i] = max(res.PerSecondSplit[sec][i], v)
-					}
+			if em, ok := emittedAt(r); ok {
+				res.ToEmit = append(res.ToEmit, em-produced)
+				res.FromEmit = append(res.FromEmit, ts.UnixMilli()-em)
+				split[2] = ts.UnixMilli() - em
+				if split[0] >= 0 {
+					split[1] = em - produced - split[0]
 				}
 			}
-		})
-	}
+			if sec := (produced - minEventTime) / 1000; sec < 3600 {
+				for int64(len(res.PerSecondMax)) <= sec {
+					res.PerSecondMax = append(res.PerSecondMax, 0)
+				}
+				res.PerSecondMax[sec] = max(res.PerSecondMax[sec], lat)
+				for int64(len(res.PerSecondSplit)) <= sec {
+					res.PerSecondSplit = append(res.PerSecondSplit, [3]int64{-1, -1, -1})
+				}
+				for i, v := range split {
+					res.PerSecondSplit[sec][i] = max(res.PerSecondSplit[sec][i], v)
+				}
+			}
+		}
+	})
 	slices.Sort(res.Latencies)
 	slices.Sort(res.ToEmit)
 	slices.Sort(res.FromEmit)
 	slices.Sort(res.ToInput)
 	res.Unique, res.Dups = seen.count, seen.dups
-	if got := res.Features + res.DeadLetters; got < want {
-		return res, fmt.Errorf("read %d of %d outputs within %s", got, want, timeout)
-	}
-	return res, nil
+	return res, err
 }
 
-// newReader is a client that reads topics from their start, read_committed if
-// committed is set: how the harness reads a run's inputs and outputs back.
-func newReader(brokers []string, committed bool, topics ...string) (*kgo.Client, error) {
+// readFromStart reads want records of topics from their start (read_committed if
+// committed is set) and hands each to each: how the harness reads a run's inputs
+// and outputs back. It fails if timeout passes before it
+// has read want, or a fetch fails.
+func readFromStart(ctx context.Context, brokers []string, committed bool, topics []string, want int, timeout time.Duration, each func(*kgo.Record)) error {
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(brokers...),
 		kgo.ConsumeTopics(topics...),
@@ -379,39 +362,43 @@ func newReader(brokers []string, committed bool, topics ...string) (*kgo.Client,
 	if committed {
 		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	}
-	return kgo.NewClient(opts...)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	n := 0
+	for n < want {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("read %d of %d records of %v within %s: %w", n, want, topics, timeout, err)
+		}
+		if errs := fs.Errors(); len(errs) > 0 {
+			return fmt.Errorf("read %v: %w", topics, errs[0].Err)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			n++
+			each(r)
+		})
+	}
+	return nil
 }
 
 // readAppendTimes reads want records of topic and returns each one's timestamp
 // (Unix ms), by partition and offset.
 func readAppendTimes(ctx context.Context, brokers []string, topic string, want int, timeout time.Duration) (map[int32][]int64, error) {
-	cl, err := newReader(brokers, false, topic)
-	if err != nil {
-		return nil, err
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
 	times := map[int32][]int64{}
-	for n := 0; n < want; {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("read append times of %s: %d of %d records: %w", topic, n, want, err)
+	err := readFromStart(ctx, brokers, false, []string{topic}, want, timeout, func(r *kgo.Record) {
+		a := times[r.Partition]
+		for int64(len(a)) <= r.Offset {
+			a = append(a, 0)
 		}
-		if errs := fs.Errors(); len(errs) > 0 {
-			return nil, fmt.Errorf("read append times of %s: %w", topic, errs[0].Err)
-		}
-		fs.EachRecord(func(r *kgo.Record) {
-			a := times[r.Partition]
-			for int64(len(a)) <= r.Offset {
-				a = append(a, 0)
-			}
-			a[r.Offset] = r.Timestamp.UnixMilli()
-			times[r.Partition] = a
-			n++
-		})
-	}
-	return times, nil
+		a[r.Offset] = r.Timestamp.UnixMilli()
+		times[r.Partition] = a
+	})
+	return times, err
 }
 
 // emittedAt is the processor's velocity.emitted_at header (Unix ms), if it has one.
