@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/velocity-consumer/velocity-consumer/pkg/service"
 )
 
 func parseRun(t *testing.T, env map[string]string, args ...string) (*runFlags, error) {
@@ -64,6 +66,9 @@ func TestValidationErrorsNameTheFlag(t *testing.T) {
 		{"stray argument", nil, []string{"extra"}, "unexpected argument"},
 		{"no producers", nil, []string{"--producers", "0"}, "--producers"},
 		{"too many producers", map[string]string{"VELOCITY_PRODUCERS": "65"}, nil, "VELOCITY_PRODUCERS"},
+		{"no fetch bytes", nil, []string{"--fetch-min-bytes", "0"}, "--fetch-min-bytes"},
+		{"fetch wait below franz-go's floor", nil, []string{"--fetch-max-wait", "5ms"}, "--fetch-max-wait"},
+		{"fetch wait from env", map[string]string{"VELOCITY_FETCH_MAX_WAIT": "2m"}, nil, "VELOCITY_FETCH_MAX_WAIT"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -88,7 +93,8 @@ func TestValidConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(c.Brokers) != 2 || c.Watermark.AllowedLateness != 2000 || c.Late.String() != "apply" || len(c.Specs) != 2 || c.CheckpointInterval != 5*time.Second || c.Producers != 1 {
+	if len(c.Brokers) != 2 || c.Watermark.AllowedLateness != 2000 || c.Late.String() != "apply" || len(c.Specs) != 2 || c.CheckpointInterval != 5*time.Second || c.Producers != 1 ||
+		c.FetchMinBytes != service.DefaultFetchMinBytes || c.FetchMaxWait != service.DefaultFetchMaxWait {
 		t.Fatalf("config %+v", c)
 	}
 }
