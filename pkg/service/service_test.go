@@ -209,3 +209,42 @@ func newClient(t *testing.T, brokers []string) *kgo.Client {
 	t.Cleanup(cl.Close)
 	return cl
 }
+
+// TestConfigFetchDefaults pins the fetch batching defaults and the floor that
+// franz-go would otherwise reject only when the client is created.
+func TestConfigFetchDefaults(t *testing.T) {
+	base := func() Config {
+		return Config{Brokers: []string{"b:9092"}, Group: "g", InputTopic: "in", OutputTopic: "out", DLQTopic: "dlq", Store: checkpoint.NewMemoryStore()}
+	}
+	for _, tc := range []struct {
+		name     string
+		minBytes int32
+		maxWait  time.Duration
+		wantMin  int32
+		wantWait time.Duration
+		wantErr  bool
+	}{
+		{"zero values take the defaults", 0, 0, DefaultFetchMinBytes, DefaultFetchMaxWait, false},
+		{"answer at once", 1, 5 * time.Second, 1, 5 * time.Second, false},
+		{"the floor itself", 1 << 20, MinFetchMaxWait, 1 << 20, MinFetchMaxWait, false},
+		{"below franz-go's floor", 1, 5 * time.Millisecond, 0, 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := base()
+			c.FetchMinBytes, c.FetchMaxWait = tc.minBytes, tc.maxWait
+			err := c.defaults()
+			if tc.wantErr {
+				if err == nil {
+					t.Fatalf("fetch wait %v accepted", tc.maxWait)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.FetchMinBytes != tc.wantMin || c.FetchMaxWait != tc.wantWait {
+				t.Fatalf("got %d bytes / %v, want %d / %v", c.FetchMinBytes, c.FetchMaxWait, tc.wantMin, tc.wantWait)
+			}
+		})
+	}
+}
