@@ -391,15 +391,21 @@ func TestRecoveryUnderCrashesAndRebalance(t *testing.T) {
 				t.Logf("%s: a read_uncommitted reader sees %d extra records from aborted transactions", sc.name, repeats)
 			}
 			logLines := map[string]int{}
+			var fatal []string // the lines themselves: t.TempDir is gone once CI reports
 			for _, in := range sc.instances {
 				b, _ := os.ReadFile(in.logs)
 				for _, m := range []string{"ahead of the committed transaction", "warm-up", "newest snapshot corrupt", "no snapshot matches", "stopping: fatal error"} {
 					logLines[m] += bytes.Count(b, []byte(m))
 				}
+				for line := range bytes.Lines(b) {
+					if bytes.Contains(line, []byte("stopping: fatal error")) {
+						fatal = append(fatal, string(bytes.TrimSpace(line)))
+					}
+				}
 			}
 			t.Logf("%s: log lines: %v", sc.name, logLines)
 			if n := logLines["stopping: fatal error"]; n > 0 {
-				t.Errorf("%d instances stopped on a fatal error (logs in %s)", n, filepath.Dir(sc.instances[0].logs))
+				t.Errorf("%d instances stopped on a fatal error (logs in %s):\n%s", n, filepath.Dir(sc.instances[0].logs), strings.Join(fatal, "\n"))
 			}
 			var rec []time.Duration
 			starts := 0
