@@ -35,6 +35,10 @@ type Metrics struct {
 	// SnapshotStepBacks counts exactly-once restores that found the newest snapshot
 	// ahead of the committed transaction and resumed from the previous one.
 	SnapshotStepBacks prometheus.Counter
+	// TxnPartitionsLost counts exactly-once partitions whose transaction was
+	// fenced or aborted under them (another instance took the partition over,
+	// or the coordinator aborted it): their open work was dropped uncommitted.
+	TxnPartitionsLost prometheus.Counter
 	CommitErrors      prometheus.Counter
 	ProduceErrors     prometheus.Counter
 	PausedPartitions  prometheus.Gauge
@@ -96,6 +100,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		SnapshotStepBacks: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "velocity_snapshot_stepbacks_total", Help: "Exactly-once restores whose newest snapshot was ahead of the committed transaction (a crash between save and commit), so the previous one was used.",
 		}),
+		TxnPartitionsLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "velocity_txn_partitions_lost_total", Help: "Exactly-once partitions whose open transaction was fenced or aborted under them; their uncommitted work was dropped and the partition restored from its last commit (by us if we still own it).",
+		}),
 		CommitErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "velocity_commit_errors_total", Help: "Offset commits that failed.",
 		}),
@@ -115,7 +122,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(
 		m.RecordsIn, m.Features, m.DeadLetters, m.LateApplied, m.ReorderBuffer, m.WatermarkLag,
 		m.Latency, m.Entities, m.EntitiesEvicted, m.CheckpointSeconds, m.CheckpointPause, m.CheckpointBytes,
-		m.CheckpointErrors, m.SnapshotFallbacks, m.SnapshotStepBacks, m.CommitErrors, m.ProduceErrors,
+		m.CheckpointErrors, m.SnapshotFallbacks, m.SnapshotStepBacks, m.TxnPartitionsLost, m.CommitErrors, m.ProduceErrors,
 		m.PausedPartitions, m.ConsumerLag, m.AssignedPartition,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

@@ -177,6 +177,15 @@ type Service struct {
 
 	mu      sync.Mutex
 	workers map[int32]*worker
+	// txnLost holds exactly-once partitions whose worker left because its
+	// transaction was fenced or aborted under it (worker.leaveTxnLost), with
+	// the time it left: fetching is paused until the group revokes the
+	// partition or, if the group still gives it to us, reacquireLost restarts it.
+	txnLost map[int32]time.Time
+	// ownerCheck is when reacquireLost last asked the coordinator (poll loop only).
+	ownerCheck time.Time
+	// wakePoll ends the poll in progress (under mu).
+	wakePoll context.CancelFunc
 
 	ready  atomic.Bool
 	failMu sync.Mutex
@@ -196,7 +205,7 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Service, error) {
 			return nil, fmt.Errorf("service: writer schema: %w", err)
 		}
 	}
-	return &Service{cfg: cfg, log: log, m: m, dec: dec, workers: make(map[int32]*worker)}, nil
+	return &Service{cfg: cfg, log: log, m: m, dec: dec, workers: make(map[int32]*worker), txnLost: make(map[int32]time.Time)}, nil
 }
 
 // Ready reports whether the service reached the cluster and is consuming as a
@@ -301,15 +310,33 @@ func (s *Service) Run(ctx context.Context) error {
 }
 
 func (s *Service) pollLoop(ctx context.Context) {
-	paused := make(map[int32]bool)
 	for ctx.Err() == nil {
-		fetches := s.cons.PollRecords(ctx, 8192)
+		// A poll waits for records, which paused partitions never bring. So
+		// a worker whose pause wish changes wakes the poll (wakePoll), and
+		// while a partition that lost its transaction waits, polls end each
+		// second so that reacquireLost runs (leaveTxnLost also wakes one).
+		pctx, cancel := context.WithCancel(ctx)
+		s.mu.Lock()
+		if len(s.txnLost) > 0 {
+			cancel()
+			pctx, cancel = context.WithTimeout(ctx, time.Second)
+		}
+		s.wakePoll = cancel
+		for _, w := range s.workers {
+			if w.wantPause.Load() != w.fetchPaused {
+				cancel() // changed since applyBackpressure read it: apply it now
+				break
+			}
+		}
+		s.mu.Unlock()
+		fetches := s.cons.PollRecords(pctx, 8192)
+		cancel()
 		if fetches.IsClientClosed() || ctx.Err() != nil {
 			s.cons.AllowRebalance()
 			return
 		}
 		fetches.EachError(func(topic string, p int32, err error) {
-			if errors.Is(err, context.Canceled) {
+			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 				return
 			}
 			s.log.Warn("fetch error", zap.String("topic", topic), zap.Int32("partition", p), zap.Error(err))
@@ -327,32 +354,33 @@ func (s *Service) pollLoop(ctx context.Context) {
 			}
 			select {
 			case w.in <- batch{records: fp.Records, hwm: fp.HighWatermark}:
+			case <-w.done: // it left (transaction lost); reacquireLost rewinds the partition
 			case <-ctx.Done():
 			}
 		})
-		s.applyBackpressure(paused)
+		s.applyBackpressure()
+		s.reacquireLost(ctx)
 		s.cons.AllowRebalance()
 	}
 }
 
 // applyBackpressure pauses partitions whose worker asks for it and resumes the
-// others; franz-go keeps paused partitions' positions.
-func (s *Service) applyBackpressure(paused map[int32]bool) {
+// others; franz-go keeps paused partitions' positions. A pause outlives a revoke
+// in franz-go, so assigned resumes each partition it hands to a new worker.
+func (s *Service) applyBackpressure() {
 	var pause, resume []int32
 	s.mu.Lock()
+	n := len(s.txnLost) // paused until revoked or reacquired
 	for p, w := range s.workers {
 		want := w.wantPause.Load()
-		if want && !paused[p] {
+		if want && !w.fetchPaused {
 			pause = append(pause, p)
-			paused[p] = true
-		} else if !want && paused[p] {
+		} else if !want && w.fetchPaused {
 			resume = append(resume, p)
-			delete(paused, p)
 		}
-	}
-	for p := range paused {
-		if s.workers[p] == nil {
-			delete(paused, p)
+		w.fetchPaused = want
+		if want {
+			n++
 		}
 	}
 	s.mu.Unlock()
@@ -362,7 +390,7 @@ func (s *Service) applyBackpressure(paused map[int32]bool) {
 	if len(resume) > 0 {
 		s.cons.ResumeFetchPartitions(map[string][]int32{s.cfg.InputTopic: resume})
 	}
-	s.m.PausedPartitions.Set(float64(len(paused)))
+	s.m.PausedPartitions.Set(float64(n))
 }
 
 func (s *Service) key(p int32) checkpoint.Key {
@@ -383,41 +411,169 @@ func (s *Service) processorConfig(p int32) pipeline.Config {
 func (s *Service) assigned(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
 	parts := offsets[s.cfg.InputTopic]
 	for p, o := range parts {
-		committed := o.EpochOffset().Offset
-		var txn *kgo.Client
-		if s.cfg.ExactlyOnce {
-			// Fence the previous owner first: only then is no transaction
-			// holding an offset for p pending, and the committed offset final
-			// (the one handed to us was read before the fence).
-			var err error
-			if txn, err = s.newTxnProducer(ctx, p); err == nil {
-				if committed, err = s.committedOffset(ctx, p); err != nil {
-					txn.Close()
-				}
-			}
-			if err != nil {
-				s.fail(err)
-				return nil, err
-			}
-		}
-		proc, next, err := s.restore(ctx, p, committed)
+		next, err := s.acquire(ctx, p, o.EpochOffset().Offset)
 		if err != nil {
-			// Without a trustworthy state we must not consume this partition:
-			// stop loudly so an operator can look, rather than double count.
-			if txn != nil {
-				txn.Close()
-			}
 			s.fail(err)
 			return nil, err
 		}
 		if next >= 0 {
 			parts[p] = kgo.NewOffset().At(next).WithEpoch(-1)
 		}
-		w := s.startWorker(p, proc, txn)
-		s.log.Info("partition assigned", zap.Int32("partition", p), zap.Int64("committed", committed), zap.Int64("resume_at", w.proc.Next()))
+		// A partition paused when it was last revoked is still paused in
+		// franz-go; its new worker starts unpaused.
+		s.cons.ResumeFetchPartitions(map[string][]int32{s.cfg.InputTopic: {p}})
 	}
 	s.m.AssignedPartition.Set(float64(s.numWorkers()))
 	return offsets, nil
+}
+
+// acquire takes partition p over: in exactly-once mode it first fences the
+// previous owner and reads the final committed offset, then restores the
+// state and starts the worker. It returns the offset to fetch from, or -1 to
+// keep the group's committed (or reset) offset.
+func (s *Service) acquire(ctx context.Context, p int32, committed int64) (int64, error) {
+	var txn *kgo.Client
+	if s.cfg.ExactlyOnce {
+		// Fence the previous owner first: only then is no transaction
+		// holding an offset for p pending, and the committed offset final
+		// (the one handed to us was read before the fence).
+		var err error
+		if txn, err = s.newTxnProducer(ctx, p); err == nil {
+			if committed, err = s.committedOffset(ctx, p); err != nil {
+				txn.Close()
+			}
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
+	proc, next, err := s.restore(ctx, p, committed)
+	if err != nil {
+		// Without a trustworthy state we must not consume this partition:
+		// stop loudly so an operator can look, rather than double count.
+		if txn != nil {
+			txn.Close()
+		}
+		return 0, err
+	}
+	s.mu.Lock()
+	delete(s.txnLost, p)
+	s.mu.Unlock()
+	w := s.startWorker(p, proc, txn)
+	s.log.Info("partition assigned", zap.Int32("partition", p), zap.Int64("committed", committed), zap.Int64("resume_at", w.proc.Next()))
+	return next, nil
+}
+
+// txnLostGrace is how long an exactly-once partition whose transaction was
+// fenced or aborted stays paused before reacquireLost asks whether the group
+// still gives it to us. A member the group replaced learns so at its next
+// heartbeat (at most 3 s) and loses the partition first.
+const txnLostGrace = 5 * time.Second
+
+// reacquireLost restarts exactly-once partitions that lost their transaction
+// but that the group, per its coordinator, still assigns to this member: the
+// transaction was aborted under us (it timed out, or an operator or a stale
+// instance initialised our transactional id), not handed to a new owner. The
+// restart fences whoever holds the transactional id, restores the partition
+// from its last committed checkpoint and rewinds fetching there; nothing the
+// lost transaction held was ever visible to read_committed readers.
+//
+// It runs on the poll goroutine between a poll and AllowRebalance, so no
+// revoke can run meanwhile, and SetOffsets is safe (franz-go drops buffered
+// fetches when offsets are set).
+func (s *Service) reacquireLost(ctx context.Context) {
+	s.mu.Lock()
+	var due []int32
+	for p, at := range s.txnLost {
+		if time.Since(at) >= txnLostGrace {
+			due = append(due, p)
+		}
+	}
+	s.mu.Unlock()
+	if len(due) == 0 || time.Since(s.ownerCheck) < time.Second {
+		return
+	}
+	s.ownerCheck = time.Now()
+	owned, err := s.ownedByUs(ctx)
+	if err != nil {
+		s.log.Warn("cannot ask the group coordinator who owns partitions whose transaction was lost; retrying", zap.Error(err))
+		return
+	}
+	for _, p := range due {
+		if !owned[p] {
+			continue // moved (or moving) to another member: the revoke or lost callback clears it
+		}
+		s.log.Warn("exactly-once: the group still assigns us a partition whose transaction was lost; restoring it from its last commit",
+			zap.Int32("partition", p))
+		next, err := s.acquire(ctx, p, -1)
+		if err == nil && next < 0 {
+			next, err = s.startOffset(ctx, p)
+		}
+		if err != nil {
+			if ctx.Err() == nil { // else shutting down: the partition simply stays ours, unprocessed
+				s.fail(fmt.Errorf("partition %d: reacquire after a lost transaction: %w", p, err))
+			}
+			return
+		}
+		s.cons.SetOffsets(map[string]map[int32]kgo.EpochOffset{s.cfg.InputTopic: {p: {Epoch: -1, Offset: next}}})
+		s.cons.ResumeFetchPartitions(map[string][]int32{s.cfg.InputTopic: {p}})
+	}
+	s.m.AssignedPartition.Set(float64(s.numWorkers()))
+}
+
+// ownedByUs is the input partitions the group coordinator assigns to this
+// member in the group's current, stable generation (empty while it rebalances).
+func (s *Service) ownedByUs(ctx context.Context) (map[int32]bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	groups, err := s.adm.DescribeGroups(ctx, s.cfg.Group)
+	if err != nil {
+		return nil, err
+	}
+	g, ok := groups[s.cfg.Group]
+	if !ok {
+		return nil, fmt.Errorf("group %s not described", s.cfg.Group)
+	}
+	if g.Err != nil {
+		return nil, g.Err
+	}
+	owned := make(map[int32]bool)
+	if g.State != "Stable" {
+		return owned, nil
+	}
+	me, _ := s.cons.GroupMetadata()
+	for _, m := range g.Members {
+		if m.MemberID != me {
+			continue
+		}
+		if c, ok := m.Assigned.AsConsumer(); ok {
+			for _, t := range c.Topics {
+				if t.Topic == s.cfg.InputTopic {
+					for _, p := range t.Partitions {
+						owned[p] = true
+					}
+				}
+			}
+		}
+	}
+	return owned, nil
+}
+
+// startOffset is p's log start offset: where a partition with nothing
+// committed resumes (the consumer's reset policy is the start).
+func (s *Service) startOffset(ctx context.Context, p int32) (int64, error) {
+	offs, err := s.adm.ListStartOffsets(ctx, s.cfg.InputTopic)
+	if err != nil {
+		return 0, err
+	}
+	o, ok := offs.Lookup(s.cfg.InputTopic, p)
+	if !ok {
+		return 0, fmt.Errorf("no start offset for partition %d", p)
+	}
+	if o.Err != nil {
+		return 0, o.Err
+	}
+	return o.Offset, nil
 }
 
 // restore loads the partition's snapshot. next is the offset to fetch from, or
@@ -527,6 +683,11 @@ func (s *Service) stopPartitions(parts []int32, commit bool) {
 	var ws []*worker
 	s.mu.Lock()
 	for _, p := range parts {
+		if _, ok := s.txnLost[p]; ok {
+			// Its worker already left; the partition is gone, so is the pause.
+			delete(s.txnLost, p)
+			s.cons.ResumeFetchPartitions(map[string][]int32{s.cfg.InputTopic: {p}})
+		}
 		if w := s.workers[p]; w != nil {
 			ws = append(ws, w)
 			delete(s.workers, p)

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sync/atomic"
@@ -47,7 +48,9 @@ type worker struct {
 	done       chan struct{}
 
 	wantPause atomic.Bool
-	emitFn    func(*pipeline.Output)
+	// fetchPaused is whether the poll loop paused fetching for us (poll loop only).
+	fetchPaused bool
+	emitFn      func(*pipeline.Output)
 
 	// held are records waiting for the decoder's Prepare (the schema registry
 	// was unreachable): the first could not be prepared, the rest arrived
@@ -139,6 +142,7 @@ func (w *worker) run() {
 			} else {
 				w.tracker.SetClock(time.Now().UnixMilli()) // Tick may release (emit) events
 				w.proc.Tick(w.emitFn)
+				w.updatePressure()
 			}
 			if time.Since(lastCheckpoint) >= w.s.cfg.CheckpointInterval && !w.bgBusy {
 				lastCheckpoint = time.Now()
@@ -149,6 +153,10 @@ func (w *worker) run() {
 					err = w.checkpointInBackground()
 				}
 				if err != nil {
+					if w.txnLost(err) {
+						w.leaveTxnLost(err)
+						return
+					}
 					w.s.fail(err)
 					w.drainQuit()
 					return
@@ -180,7 +188,13 @@ func (w *worker) run() {
 				if err == nil {
 					err = w.checkpoint()
 				}
-				if err != nil {
+				if err != nil && w.txnLost(err) {
+					// Revoked, and another instance has already taken
+					// over: it restores from our last commit.
+					w.s.m.TxnPartitionsLost.Inc()
+					w.s.log.Warn("exactly-once: transaction lost while releasing a revoked partition; the new owner resumes from the last commit",
+						zap.Int32("partition", w.part), zap.Error(err))
+				} else if err != nil {
 					w.s.fail(err)
 				}
 			}
@@ -191,11 +205,60 @@ func (w *worker) run() {
 		}
 		if err := w.tracker.Err(); err != nil {
 			w.s.m.ProduceErrors.Inc()
-			w.s.fail(fmt.Errorf("partition %d: %w", w.part, err))
+			err = fmt.Errorf("partition %d: %w", w.part, err)
+			if w.txnLost(err) {
+				w.leaveTxnLost(err)
+				return
+			}
+			w.s.fail(err)
 			w.drainQuit()
 			return
 		}
 	}
+}
+
+// txnLost reports whether err means this partition's transaction is gone:
+// another producer initialised our transactional id (a new owner after a
+// rebalance we have not heard of yet, or anyone else), or the coordinator
+// aborted the transaction (it timed out). Nothing of it was committed, so the
+// partition is safe to drop; it is not safe to go on with this producer.
+func (w *worker) txnLost(err error) bool {
+	if w.txn == nil {
+		return false
+	}
+	for _, e := range []error{kerr.ProducerFenced, kerr.InvalidProducerEpoch, kerr.InvalidProducerIDMapping,
+		kerr.InvalidTxnState, kerr.TransactionAbortable} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// leaveTxnLost drops the partition after txnLost: its open transaction is
+// abandoned (the deferred Close; the coordinator has aborted or will abort it)
+// and fetching it is paused. If the group has moved the partition, its revoke
+// or lost callback follows; if the group still gives it to us, the poll loop
+// restarts it from its last commit (Service.reacquireLost).
+func (w *worker) leaveTxnLost(err error) {
+	w.s.m.TxnPartitionsLost.Inc()
+	w.s.log.Warn("exactly-once: transaction fenced or aborted; dropping the partition's uncommitted work",
+		zap.Int32("partition", w.part), zap.Int64("last_committed", w.lastNext), zap.Error(err))
+	s := w.s
+	s.mu.Lock()
+	if s.workers[w.part] == w { // else a revoke or lost is already releasing it
+		delete(s.workers, w.part)
+		s.txnLost[w.part] = time.Now()
+		// Under mu, so that a revoke's resume (stopPartitions) comes after it.
+		s.cons.PauseFetchPartitions(map[string][]int32{s.cfg.InputTopic: {w.part}})
+		if s.wakePoll != nil {
+			s.wakePoll() // so that the poll loop starts counting the grace period
+		}
+	}
+	s.m.AssignedPartition.Set(float64(len(s.workers)))
+	s.mu.Unlock()
+	s.m.ForgetPartition(w.part)
+	w.drainQuit()
 }
 
 // drainQuit waits for the stop request after a fatal error so stopPartitions
@@ -253,12 +316,28 @@ func (w *worker) process(b batch) {
 	if b.hwm >= 0 {
 		w.s.m.ConsumerLag.WithLabelValues(w.label).Set(float64(max(b.hwm-w.proc.Next(), 0)))
 	}
+	w.updatePressure()
+}
+
+// updatePressure asks the poll loop to pause fetching this partition above the
+// high marks, and to resume it below the low marks. It runs after every batch
+// and on every tick: a paused partition gets no batches, so only the tick sees
+// its produce acknowledgements arrive or its reorder buffer drain. A change
+// wakes the poll loop, which may be waiting on a poll that, with every
+// partition paused, would never return.
+func (w *worker) updatePressure() {
 	pressure := len(w.held) > 0 || w.proc.Pressure() || w.tracker.PendingBytes() > w.s.cfg.MaxPendingProduceBytes
 	if !pressure && w.wantPause.Load() {
 		// Resume only once produce bytes are back under half the bound.
 		pressure = w.tracker.PendingBytes() > w.s.cfg.MaxPendingProduceBytes/2
 	}
-	w.wantPause.Store(pressure)
+	if w.wantPause.Swap(pressure) != pressure {
+		w.s.mu.Lock()
+		if w.s.wakePoll != nil {
+			w.s.wakePoll()
+		}
+		w.s.mu.Unlock()
+	}
 }
 
 // maxHoldBackoff caps the wait between two attempts to prepare a held record.

@@ -1,0 +1,85 @@
+//go:build integration
+
+package recovery
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"syscall"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// TestExactlyOnceSurvivesAFencedTransaction: while an exactly-once instance
+// runs, another producer initialises the transactional ids of two of its
+// partitions, which is what a stale instance does, and what the coordinator's
+// abort of a timed-out transaction looks like to the producer. The instance
+// must not stop: it drops those partitions' uncommitted work, finds that the
+// group still assigns the partitions to it, restores them from their last
+// commit and goes on. read_committed then sees exactly one output per input
+// offset, equal to a clean run's.
+func TestExactlyOnceSurvivesAFencedTransaction(t *testing.T) {
+	t.Parallel()
+	rc := newRestoreCase(t, 40_000, "1m:1s,5m:5s", true)
+	var progress atomic.Int64
+	rc.b.start()
+	rc.cleanIn.start()
+	if err := produce(rc.ctx, rc.addr, rc.input, rc.first, 0, &progress); err != nil {
+		t.Fatalf("produce first half: %v", err)
+	}
+	if err := waitCommitted(rc.whileRunning(rc.b), rc.adm, rc.resumed.group, rc.input, endOffsets(t, rc.ctx, rc.adm, rc.input)); err != nil {
+		t.Fatalf("first half: %v; end of its log:\n%s", err, tailLog(rc.b.logs, 15))
+	}
+
+	fenced := []int32{0, 2}
+	for _, p := range fenced {
+		id := fmt.Sprintf("velocity-%s-%s-%d", rc.resumed.group, rc.input, p)
+		cl, err := kgo.NewClient(kgo.SeedBrokers(rc.addr), kgo.TransactionalID(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := cl.ProducerID(rc.ctx); err != nil {
+			t.Fatalf("initialise %s: %v", id, err)
+		}
+		cl.Close()
+	}
+
+	if err := produce(rc.ctx, rc.addr, rc.input, rc.second, 0, &progress); err != nil {
+		t.Fatalf("produce second half: %v", err)
+	}
+	ends := endOffsets(t, rc.ctx, rc.adm, rc.input)
+	for _, sc := range []*scenario{rc.resumed, rc.clean} {
+		in := sc.instances[len(sc.instances)-1]
+		if err := waitCommitted(rc.whileRunning(in), rc.adm, sc.group, rc.input, ends); err != nil {
+			t.Fatalf("%s: %v; end of its log:\n%s", sc.name, err, tailLog(in.logs, 20))
+		}
+	}
+	if !rc.b.running() {
+		t.Fatalf("the fenced instance stopped; end of its log:\n%s", tailLog(rc.b.logs, 20))
+	}
+	lost := rc.metric("velocity_txn_partitions_lost_total")
+	rc.b.kill(syscall.SIGTERM)
+	rc.cleanIn.kill(syscall.SIGTERM)
+
+	want := readOutputs(t, rc.ctx, rc.addr, rc.clean, false)
+	got := readOutputs(t, rc.ctx, rc.addr, rc.resumed, true)
+	checkOutputs(t, ends, got, want, true)
+	checkFinalState(t, got, want)
+
+	if lost != float64(len(fenced)) {
+		t.Errorf("velocity_txn_partitions_lost_total = %v, want %d", lost, len(fenced))
+	}
+	log, _ := os.ReadFile(rc.b.logs)
+	for _, m := range []string{"transaction fenced or aborted", "still assigns us a partition whose transaction was lost"} {
+		if n := bytes.Count(log, []byte(m)); n != len(fenced) {
+			t.Errorf("%d log lines with %q, want %d (log %s)", n, m, len(fenced), rc.b.logs)
+		}
+	}
+	if bytes.Contains(log, []byte("stopping: fatal error")) {
+		t.Errorf("the instance logged a fatal error:\n%s", tailLog(rc.b.logs, 20))
+	}
+	t.Logf("fenced partitions %v: %v lost transactions, restored in place, %d offsets checked", fenced, lost, len(got))
+}
