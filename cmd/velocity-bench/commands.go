@@ -192,6 +192,9 @@ func describe(r Result) string {
 		}
 	}
 	s += fmt.Sprintf(" rss=%.0fMiB cpu=%.1fs (%.2f s/M)", r.PeakRSSMiB, r.CPUSec, r.CPUSecPerMEvt)
+	if st := r.Steady.String(); st != "" {
+		s += " " + st
+	}
 	if r.Err != "" {
 		s += " ERROR: " + r.Err + " (log " + r.ProcessLogPath + ")"
 	}

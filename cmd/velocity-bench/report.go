@@ -22,6 +22,22 @@ func (g *group) median(f func(Result) float64) float64 {
 	return Median(xs)
 }
 
+// steadyCores is the median busy cores of the machine during the runs' steady phases
+// and the processor's, the broker's and the load generator's shares, or "—" for
+// results recorded before they were measured.
+func (g *group) steadyCores() string {
+	if g.runs[0].Steady.Cores == 0 {
+		return "—"
+	}
+	broker := "?"
+	if b := g.median(func(r Result) float64 { return r.Steady.Broker }); b >= 0 {
+		broker = fmt.Sprintf("%.2f", b)
+	}
+	return fmt.Sprintf("%.2f of %d (%.2f / %s / %.2f)", g.median(func(r Result) float64 { return r.Steady.Busy }), g.runs[0].Steady.Cores,
+		g.median(func(r Result) float64 { return r.Steady.Processor }), broker,
+		g.median(func(r Result) float64 { return r.Steady.Harness }))
+}
+
 // refFor is the "ours" processor a peer is compared with: ours with the same
 // exactly-once setting, else the first ours in the results.
 func refFor(peer string, procs []string) string {
@@ -132,8 +148,8 @@ func Report(all []Result) string {
 			answered, withRef(fmtRatio(rt), ref), fmtRatio(rr), fmtRatio(rc))
 	}
 	b.WriteString("\nLatency (event_time = produce wall time; latency = output's broker append time − event_time; medians over rounds):\n\n")
-	b.WriteString("| processor | entities | rate ev/s | runs | latency samples | p50 ms | p99 ms | p999 ms | max ms | peak RSS MiB | CPU s / M events | ours/peer p99 | ours/peer RSS |\n")
-	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	b.WriteString("| processor | entities | rate ev/s | runs | latency samples | p50 ms | p99 ms | p999 ms | max ms | peak RSS MiB | CPU s / M events | busy cores (processor / broker / load generator) | ours/peer p99 | ours/peer RSS |\n")
+	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, g := range groups {
 		if g.mode != "latency" {
 			continue
@@ -144,7 +160,7 @@ func Report(all []Result) string {
 			rp = ratio(all, g.mode, ref, g.proc, g.entities, g.rate, func(r Result) float64 { return r.P99Ms })
 			rr = ratio(all, g.mode, ref, g.proc, g.entities, g.rate, func(r Result) float64 { return r.PeakRSSMiB })
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f | %s | %s |\n",
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f | %s | %s | %s |\n",
 			g.proc, g.entities, g.rate, len(g.runs), g.runs[0].LatencySamples,
 			g.median(func(r Result) float64 { return r.P50Ms }),
 			g.median(func(r Result) float64 { return r.P99Ms }),
@@ -152,7 +168,7 @@ func Report(all []Result) string {
 			g.median(func(r Result) float64 { return r.MaxMs }),
 			g.median(func(r Result) float64 { return r.PeakRSSMiB }),
 			g.median(func(r Result) float64 { return r.CPUSecPerMEvt }),
-			withRef(fmtRatio(rp), ref), fmtRatio(rr))
+			g.steadyCores(), withRef(fmtRatio(rp), ref), fmtRatio(rr))
 	}
 	if failed > 0 {
 		fmt.Fprintf(&b, "\n%d run(s) failed and are left out; see the results file.\n", failed)

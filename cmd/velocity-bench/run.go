@@ -60,6 +60,9 @@ type Result struct {
 	// P99ToInputMs: event_time → the broker appended the input record (the load
 	// generator's batching and the broker), the first part of ToEmit.
 	P99ToInputMs float64 `json:"p99_to_input_ms,omitempty"`
+	// Steady: the CPU of the machine and of each process during the steady produce
+	// phase of a latency run (including its first, unmeasured seconds).
+	Steady SteadyCPU `json:"steady_cpu,omitzero"`
 
 	// At the moment every output was in the topic (before shutdown).
 	PeakRSSMiB    float64 `json:"peak_rss_mib"`
@@ -162,7 +165,9 @@ func (r *runner) runLatency(ctx context.Context, p ProcSpec, w Workload, rate in
 			return 0, 0, fmt.Errorf("warm-up: %w", err)
 		}
 		minEventTime := time.Now().Add(skip).UnixMilli()
+		before := markCPU(c.cmd.Process.Pid, localBrokers())
 		n, err := producePaced(ctx, cl, g, rate, d, disorder)
+		res.Steady = steadyCPU(before, markCPU(c.cmd.Process.Pid, before.brokerPIDs))
 		return sentWarm + n, minEventTime, err
 	}
 	r.measure(ctx, &res, p, input, output, dlq, group, dir, 0, math.MinInt64, disorder, feed)
