@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -82,4 +83,66 @@ func TestExactlyOnceSurvivesAFencedTransaction(t *testing.T) {
 		t.Errorf("the instance logged a fatal error:\n%s", tailLog(rc.b.logs, 20))
 	}
 	t.Logf("fenced partitions %v: %v lost transactions, restored in place, %d offsets checked", fenced, lost, len(got))
+}
+
+// TestExactlyOnceInstanceFrozenPastItsSession freezes (SIGSTOP) one of two
+// exactly-once instances for twice --session-timeout while the stream runs,
+// then thaws it. Meanwhile the group gives its partitions to the other
+// instance, which fences its transactions, so on waking it finds them fenced
+// or hears that it lost its partitions, whichever comes first. Both instances
+// must keep running, and read_committed must still hold exactly one output per
+// input offset, equal to a clean run's.
+func TestExactlyOnceInstanceFrozenPastItsSession(t *testing.T) {
+	t.Parallel()
+	rc := newRestoreCase(t, 40_000, "1m:1s,5m:5s", true)
+	rc.a.start()
+	rc.b.start()
+	rc.cleanIn.start()
+	all := append(append([]*kgo.Record(nil), rc.first...), rc.second...)
+	var progress atomic.Int64
+	produced := make(chan error, 1)
+	go func() { produced <- produce(rc.ctx, rc.addr, rc.input, all, 20*time.Second, &progress) }()
+	waitProgress(rc.ctx, &progress, len(all)/4)
+	rc.b.signal(syscall.SIGSTOP)
+	time.Sleep(12 * time.Second) // --session-timeout is 6s
+	rc.b.signal(syscall.SIGCONT)
+	if err := <-produced; err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+	ends := endOffsets(t, rc.ctx, rc.adm, rc.input)
+	for _, sc := range []*scenario{rc.resumed, rc.clean} {
+		if err := waitCommitted(rc.ctx, rc.adm, sc.group, rc.input, ends); err != nil {
+			t.Fatalf("%s: %v; end of the thawed instance's log:\n%s", sc.name, err, tailLog(rc.b.logs, 20))
+		}
+	}
+	for _, in := range []*instance{rc.a, rc.b} {
+		if !in.running() {
+			t.Fatalf("%s stopped; end of its log:\n%s", in.logs, tailLog(in.logs, 20))
+		}
+	}
+	lost := rc.metric("velocity_txn_partitions_lost_total")
+	for _, in := range []*instance{rc.a, rc.b, rc.cleanIn} {
+		in.kill(syscall.SIGTERM)
+	}
+	want := readOutputs(t, rc.ctx, rc.addr, rc.clean, false)
+	got := readOutputs(t, rc.ctx, rc.addr, rc.resumed, true)
+	checkOutputs(t, ends, got, want, true)
+	checkFinalState(t, got, want)
+	for _, in := range []*instance{rc.a, rc.b} {
+		log, _ := os.ReadFile(in.logs)
+		if bytes.Contains(log, []byte("stopping: fatal error")) {
+			t.Errorf("%s logged a fatal error:\n%s", in.logs, tailLog(in.logs, 20))
+		}
+	}
+	t.Logf("thawed instance: %v transactions found fenced; %d offsets checked", lost, len(got))
+}
+
+// signal sends sig to the running process without waiting (SIGSTOP, SIGCONT).
+func (in *instance) signal(sig syscall.Signal) {
+	in.mu.Lock()
+	cmd := in.cmd
+	in.mu.Unlock()
+	if cmd != nil {
+		_ = cmd.Process.Signal(sig)
+	}
 }
