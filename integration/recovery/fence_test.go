@@ -85,6 +85,21 @@ func TestExactlyOnceSurvivesAFencedTransaction(t *testing.T) {
 	t.Logf("fenced partitions %v: %v lost transactions, restored in place, %d offsets checked", fenced, lost, len(got))
 }
 
+// TestInstanceFrozenPastItsSession is the same freeze in the default mode:
+// the thawed instance may still emit, save snapshots and try to commit for
+// partitions that are no longer its own before it hears of the rebalance.
+// Both instances must keep running, every input offset must have at least one
+// output, and every output must be byte-identical to the clean run's.
+func TestInstanceFrozenPastItsSession(t *testing.T) {
+	t.Parallel()
+	rc := newRestoreCase(t, 40_000, "1m:1s,5m:5s", false)
+	ends := rc.runFrozen()
+	want := readOutputs(t, rc.ctx, rc.addr, rc.clean, false)
+	got := readOutputs(t, rc.ctx, rc.addr, rc.resumed, false)
+	checkOutputs(t, ends, got, want, false)
+	checkFinalState(t, got, want)
+}
+
 // TestExactlyOnceInstanceFrozenPastItsSession freezes (SIGSTOP) one of two
 // exactly-once instances for twice --session-timeout while the stream runs,
 // then thaws it. Meanwhile the group gives its partitions to the other
@@ -95,6 +110,21 @@ func TestExactlyOnceSurvivesAFencedTransaction(t *testing.T) {
 func TestExactlyOnceInstanceFrozenPastItsSession(t *testing.T) {
 	t.Parallel()
 	rc := newRestoreCase(t, 40_000, "1m:1s,5m:5s", true)
+	ends := rc.runFrozen()
+	want := readOutputs(t, rc.ctx, rc.addr, rc.clean, false)
+	got := readOutputs(t, rc.ctx, rc.addr, rc.resumed, true)
+	checkOutputs(t, ends, got, want, true)
+	checkFinalState(t, got, want)
+	t.Logf("%d offsets checked", len(got))
+}
+
+// runFrozen runs instances a and b of the resumed group and the clean one
+// over the whole stream, produced over 20 s; a quarter of the way in, b is
+// frozen (SIGSTOP) for twice --session-timeout and then thawed. It checks
+// that both instances kept running without a fatal error, stops every
+// instance and returns the input's end offsets.
+func (rc *restoreCase) runFrozen() map[int32]int64 {
+	t := rc.t
 	rc.a.start()
 	rc.b.start()
 	rc.cleanIn.start()
@@ -120,21 +150,17 @@ func TestExactlyOnceInstanceFrozenPastItsSession(t *testing.T) {
 			t.Fatalf("%s stopped; end of its log:\n%s", in.logs, tailLog(in.logs, 20))
 		}
 	}
-	lost := rc.metric("velocity_txn_partitions_lost_total")
+	t.Logf("thawed instance: %v transactions found fenced", rc.metric("velocity_txn_partitions_lost_total"))
 	for _, in := range []*instance{rc.a, rc.b, rc.cleanIn} {
 		in.kill(syscall.SIGTERM)
 	}
-	want := readOutputs(t, rc.ctx, rc.addr, rc.clean, false)
-	got := readOutputs(t, rc.ctx, rc.addr, rc.resumed, true)
-	checkOutputs(t, ends, got, want, true)
-	checkFinalState(t, got, want)
 	for _, in := range []*instance{rc.a, rc.b} {
 		log, _ := os.ReadFile(in.logs)
 		if bytes.Contains(log, []byte("stopping: fatal error")) {
 			t.Errorf("%s logged a fatal error:\n%s", in.logs, tailLog(in.logs, 20))
 		}
 	}
-	t.Logf("thawed instance: %v transactions found fenced; %d offsets checked", lost, len(got))
+	return ends
 }
 
 // signal sends sig to the running process without waiting (SIGSTOP, SIGCONT).
