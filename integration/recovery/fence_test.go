@@ -74,15 +74,16 @@ func TestExactlyOnceSurvivesAFencedTransaction(t *testing.T) {
 		t.Errorf("velocity_txn_partitions_lost_total = %v, want %d", lost, len(fenced))
 	}
 	log, _ := os.ReadFile(rc.b.logs)
-	for _, m := range []string{"transaction fenced or aborted", "still assigns us a partition whose transaction was lost"} {
-		if n := bytes.Count(log, []byte(m)); n != len(fenced) {
-			t.Errorf("%d log lines with %q, want %d (log %s)", n, m, len(fenced), rc.b.logs)
-		}
+	if n := bytes.Count(log, []byte("transaction fenced or aborted")); n != len(fenced) {
+		t.Errorf("%d log lines about a lost transaction, want %d (log %s)", n, len(fenced), rc.b.logs)
 	}
 	if bytes.Contains(log, []byte("stopping: fatal error")) {
 		t.Errorf("the instance logged a fatal error:\n%s", tailLog(rc.b.logs, 20))
 	}
-	t.Logf("fenced partitions %v: %v lost transactions, restored in place, %d offsets checked", fenced, lost, len(got))
+	// Restored in place, unless the group itself took the partitions away
+	// meanwhile (a missed heartbeat on a loaded machine) and gave them back.
+	inPlace := bytes.Count(log, []byte("still assigns us a partition whose transaction was lost"))
+	t.Logf("fenced partitions %v: %v lost transactions, %d restored in place, %d offsets checked", fenced, lost, inPlace, len(got))
 }
 
 // TestInstanceFrozenPastItsSession is the same freeze in the default mode:

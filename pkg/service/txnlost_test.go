@@ -29,6 +29,7 @@ func TestTxnLost(t *testing.T) {
 		{"producer id reassigned", kerr.InvalidProducerIDMapping, true, true},
 		{"coordinator aborted it", kerr.InvalidTxnState, true, true},
 		{"abortable", kerr.TransactionAbortable, true, true},
+		{"producer state gone from the leader", fmt.Errorf("produce to dlq: %w", kerr.UnknownProducerID), true, true},
 		{"default mode never", fmt.Errorf("produce: %w", kerr.ProducerFenced), false, false},
 		{"a leader move is not a loss", fmt.Errorf("produce: %w", kerr.NotLeaderForPartition), true, false},
 		{"flush timeout is not a loss", fmt.Errorf("%w: %w", sink.ErrFlushTimeout, context.DeadlineExceeded), true, false},

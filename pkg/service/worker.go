@@ -227,7 +227,7 @@ func (w *worker) txnLost(err error) bool {
 		return false
 	}
 	for _, e := range []error{kerr.ProducerFenced, kerr.InvalidProducerEpoch, kerr.InvalidProducerIDMapping,
-		kerr.InvalidTxnState, kerr.TransactionAbortable} {
+		kerr.InvalidTxnState, kerr.TransactionAbortable, kerr.UnknownProducerID} {
 		if errors.Is(err, e) {
 			return true
 		}
