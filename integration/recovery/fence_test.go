@@ -86,37 +86,31 @@ func TestExactlyOnceSurvivesAFencedTransaction(t *testing.T) {
 	t.Logf("fenced partitions %v: %v lost transactions, %d restored in place, %d offsets checked", fenced, lost, inPlace, len(got))
 }
 
-// TestInstanceFrozenPastItsSession is the same freeze in the default mode:
-// the thawed instance may still emit, save snapshots and try to commit for
-// partitions that are no longer its own before it hears of the rebalance.
-// Both instances must keep running, every input offset must have at least one
-// output, and every output must be byte-identical to the clean run's.
+// TestInstanceFrozenPastItsSession freezes (SIGSTOP) one of two instances for
+// twice --session-timeout while the stream runs, then thaws it. Meanwhile the
+// group gives its partitions to the other instance. On waking, the thawed one
+// may still emit, save snapshots and try to commit for partitions that are no
+// longer its own before it hears of the rebalance; in exactly-once mode the
+// new owner has fenced its transactions, so it finds them fenced or hears that
+// it lost its partitions, whichever comes first. Both instances must keep
+// running. Default mode: every input offset has at least one output, each
+// byte-identical to a clean run's. Exactly-once: read_committed has exactly one.
 func TestInstanceFrozenPastItsSession(t *testing.T) {
-	t.Parallel()
-	rc := newRestoreCase(t, 40_000, "1m:1s,5m:5s", false)
-	ends := rc.runFrozen()
-	want := readOutputs(t, rc.ctx, rc.addr, rc.clean, false)
-	got := readOutputs(t, rc.ctx, rc.addr, rc.resumed, false)
-	checkOutputs(t, ends, got, want, false)
-	checkFinalState(t, got, want)
-}
-
-// TestExactlyOnceInstanceFrozenPastItsSession freezes (SIGSTOP) one of two
-// exactly-once instances for twice --session-timeout while the stream runs,
-// then thaws it. Meanwhile the group gives its partitions to the other
-// instance, which fences its transactions, so on waking it finds them fenced
-// or hears that it lost its partitions, whichever comes first. Both instances
-// must keep running, and read_committed must still hold exactly one output per
-// input offset, equal to a clean run's.
-func TestExactlyOnceInstanceFrozenPastItsSession(t *testing.T) {
-	t.Parallel()
-	rc := newRestoreCase(t, 40_000, "1m:1s,5m:5s", true)
-	ends := rc.runFrozen()
-	want := readOutputs(t, rc.ctx, rc.addr, rc.clean, false)
-	got := readOutputs(t, rc.ctx, rc.addr, rc.resumed, true)
-	checkOutputs(t, ends, got, want, true)
-	checkFinalState(t, got, want)
-	t.Logf("%d offsets checked", len(got))
+	for _, eos := range []bool{false, true} {
+		name := "at-least-once"
+		if eos {
+			name = "exactly-once"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			rc := newRestoreCase(t, 40_000, "1m:1s,5m:5s", eos)
+			ends := rc.runFrozen()
+			want := readOutputs(t, rc.ctx, rc.addr, rc.clean, false)
+			got := readOutputs(t, rc.ctx, rc.addr, rc.resumed, eos)
+			checkOutputs(t, ends, got, want, eos)
+			checkFinalState(t, got, want)
+		})
+	}
 }
 
 // runFrozen runs instances a and b of the resumed group and the clean one
