@@ -99,6 +99,27 @@ func (s *Service) committedOffset(ctx context.Context, p int32) (int64, error) {
 	return r.At, nil
 }
 
+// refreshInputTopicID records the input topic's id for commitTxn. Brokers
+// that speak TxnOffsetCommit v6 (KIP-1319) name the topic by id alone and
+// answer a name-only request with UNKNOWN_TOPIC_ID; earlier versions take the
+// name. The request carries both, and the encoder writes the one its version
+// has. Called on every exactly-once acquire, so a recreated topic's new id is
+// picked up.
+func (s *Service) refreshInputTopicID(ctx context.Context) error {
+	md, err := s.adm.Metadata(ctx, s.cfg.InputTopic)
+	if err != nil {
+		return fmt.Errorf("read the input topic's id: %w", err)
+	}
+	td, ok := md.Topics[s.cfg.InputTopic]
+	if !ok || td.Err != nil {
+		return fmt.Errorf("read the input topic's id: %v", td.Err)
+	}
+	s.mu.Lock()
+	s.inputTopicID = td.ID
+	s.mu.Unlock()
+	return nil
+}
+
 // commitTxn adds the offset commit to the open transaction, commits it and
 // opens the next one. Any error leaves the transaction to be aborted (by the
 // broker's timeout or the next owner's fencing): the caller must stop.
@@ -122,6 +143,9 @@ func (w *worker) commitTxn(ctx context.Context, next int64) error {
 	req.Generation, req.MemberID = -1, ""
 	rt := kmsg.NewTxnOffsetCommitRequestTopic()
 	rt.Topic = w.s.cfg.InputTopic
+	w.s.mu.Lock()
+	rt.TopicID = w.s.inputTopicID
+	w.s.mu.Unlock()
 	rp := kmsg.NewTxnOffsetCommitRequestTopicPartition()
 	rp.Partition, rp.Offset, rp.LeaderEpoch = w.part, next, -1
 	rt.Partitions = append(rt.Partitions, rp)

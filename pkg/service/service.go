@@ -186,6 +186,9 @@ type Service struct {
 	ownerCheck time.Time
 	// wakePoll ends the poll in progress (under mu).
 	wakePoll context.CancelFunc
+	// inputTopicID is the input topic's id for exactly-once offset commits
+	// (under mu; refreshInputTopicID).
+	inputTopicID [16]byte
 
 	ready  atomic.Bool
 	failMu sync.Mutex
@@ -439,7 +442,10 @@ func (s *Service) acquire(ctx context.Context, p int32, committed int64) (int64,
 		// (the one handed to us was read before the fence).
 		var err error
 		if txn, err = s.newTxnProducer(ctx, p); err == nil {
-			if committed, err = s.committedOffset(ctx, p); err != nil {
+			if committed, err = s.committedOffset(ctx, p); err == nil {
+				err = s.refreshInputTopicID(ctx)
+			}
+			if err != nil {
 				txn.Close()
 			}
 		}

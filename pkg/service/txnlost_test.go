@@ -5,10 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/velocity-consumer/velocity-consumer/internal/streamtest"
+	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
 	"github.com/velocity-consumer/velocity-consumer/pkg/sink"
 )
 
@@ -45,5 +49,43 @@ func TestTxnLost(t *testing.T) {
 				t.Fatalf("txnLost(%v) = %v, want %v", c.err, got, c.want)
 			}
 		})
+	}
+}
+
+// TestServiceExactlyOnceSurvivesFencing runs the exactly-once service on the
+// in-process broker (under the race detector in CI's unit stage) and fences
+// one partition's transactional producer from outside halfway: the service
+// must keep running, count the lost transaction, restore the partition in
+// place, and read_committed must still see exactly one output per input
+// offset, equal to the oracle's.
+func TestServiceExactlyOnceSurvivesFencing(t *testing.T) {
+	const partitions = 2
+	brokers := newCluster(t, partitions)
+	st := streamtest.Generate(inTopic, 6, 2000, partitions)
+	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
+	cfg.ExactlyOnce = true
+	svc, _ := startService(t, cfg)
+	produce(t, brokers, st.Records[:1000])
+	readOutputs(t, brokers, 1000, 30*time.Second) // read_committed: the first half is committed
+
+	fence, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.TransactionalID(svc.transactionalID(0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, _, err := fence.ProducerID(ctx); err != nil {
+		t.Fatalf("fence partition 0: %v", err)
+	}
+	fence.Close()
+
+	produce(t, brokers, st.Records[1000:])
+	got := readOutputs(t, brokers, len(st.Records), 60*time.Second)
+	streamtest.Check(t, st, cfg.Specs, got, true)
+	if err := svc.Healthy(); err != nil {
+		t.Fatalf("service stopped: %v", err)
+	}
+	if n := testutil.ToFloat64(svc.m.TxnPartitionsLost); n != 1 {
+		t.Errorf("velocity_txn_partitions_lost_total = %v, want 1", n)
 	}
 }
