@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -123,14 +124,21 @@ func TestServiceMatchesOracle(t *testing.T) {
 
 // TestServiceRebalance runs two members of one group: the second joins halfway
 // and takes partitions over through the shared checkpoint store, then the
-// first leaves. Outputs must still match the oracle, with any repeat identical.
+// first leaves. Outputs must still match the oracle, with any repeat identical;
+// in exactly-once mode read_committed must see no repeat at all.
 func TestServiceRebalance(t *testing.T) {
+	for _, eos := range []bool{false, true} {
+		t.Run(fmt.Sprintf("exactly-once=%v", eos), func(t *testing.T) { testRebalance(t, eos) })
+	}
+}
+
+func testRebalance(t *testing.T, eos bool) {
 	const partitions = 4
 	brokers := newCluster(t, partitions)
 	st := streamtest.Generate(inTopic, 2, 4000, partitions)
 	store := checkpoint.NewMemoryStore()
 	cfgA := testConfig(t, brokers, store)
-	cfgA.Host = "a"
+	cfgA.Host, cfgA.ExactlyOnce = "a", eos
 	cfgB := cfgA
 	cfgB.Host = "b"
 
@@ -146,7 +154,7 @@ func TestServiceRebalance(t *testing.T) {
 	waitFor(t, "b to own all partitions", 30*time.Second, func() bool { return b.numWorkers() == partitions })
 	produce(t, brokers, st.Records[3000:])
 	got := readOutputs(t, brokers, len(st.Records), 60*time.Second)
-	streamtest.Check(t, st, cfgA.Specs, got, false)
+	streamtest.Check(t, st, cfgA.Specs, got, eos)
 }
 
 // TestServiceRestartResumesFromSnapshot stops the service gracefully halfway
