@@ -158,8 +158,15 @@ func testRebalance(t *testing.T, eos bool) {
 }
 
 // TestServiceRestartResumesFromSnapshot stops the service gracefully halfway
-// and starts a new one on the same file store: nothing is lost or recounted.
+// and starts a new one on the same file store: nothing is lost or recounted,
+// in either mode.
 func TestServiceRestartResumesFromSnapshot(t *testing.T) {
+	for _, eos := range []bool{false, true} {
+		t.Run(fmt.Sprintf("exactly-once=%v", eos), func(t *testing.T) { testRestart(t, eos) })
+	}
+}
+
+func testRestart(t *testing.T, eos bool) {
 	const partitions = 2
 	brokers := newCluster(t, partitions)
 	st := streamtest.Generate(inTopic, 3, 2000, partitions)
@@ -168,6 +175,7 @@ func TestServiceRestartResumesFromSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := testConfig(t, brokers, store)
+	cfg.ExactlyOnce = eos
 	produce(t, brokers, st.Records[:1000])
 	_, stop := startService(t, cfg)
 	readOutputs(t, brokers, 1000, 30*time.Second)
