@@ -111,8 +111,11 @@ func (s *Service) refreshInputTopicID(ctx context.Context) error {
 		return fmt.Errorf("read the input topic's id: %w", err)
 	}
 	td, ok := md.Topics[s.cfg.InputTopic]
-	if !ok || td.Err != nil {
-		return fmt.Errorf("read the input topic's id: %v", td.Err)
+	if !ok {
+		return fmt.Errorf("read the input topic's id: %s is not in the metadata", s.cfg.InputTopic)
+	}
+	if td.Err != nil {
+		return fmt.Errorf("read the input topic's id: %w", td.Err)
 	}
 	s.mu.Lock()
 	s.inputTopicID = td.ID
@@ -122,7 +125,9 @@ func (s *Service) refreshInputTopicID(ctx context.Context) error {
 
 // commitTxn adds the offset commit to the open transaction, commits it and
 // opens the next one. Any error leaves the transaction to be aborted (by the
-// broker's timeout or the next owner's fencing): the caller must stop.
+// broker's timeout or the next owner's fencing): the caller must not go on
+// with this producer (it stops, or drops the partition when the transaction
+// was lost: worker.txnLost).
 func (w *worker) commitTxn(ctx context.Context, next int64) error {
 	cl := w.txn
 	id, epoch, err := cl.ProducerID(ctx)
