@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 func TestFrameRoundTrip(t *testing.T) {
@@ -250,4 +251,86 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("accepted frame re-encodes differently")
 		}
 	})
+}
+
+// TestFileStoreConcurrentSavers: two owners of one partition (a zombie and the
+// new owner) saving to one directory at once must not break each other's Save,
+// and what is left must be a complete snapshot one of them wrote.
+func TestFileStoreConcurrentSavers(t *testing.T) {
+	ctx := context.Background()
+	key := Key{Group: "g", Topic: "t", Partition: 3}
+	dir := t.TempDir()
+	const writers, saves = 4, 40
+	errs := make(chan error, writers*saves)
+	done := make(chan struct{})
+	for w := range writers {
+		fs, err := NewFileStore(dir) // one store per process, as in production
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for i := range saves {
+				state := bytes.Repeat([]byte{byte(w)}, 64<<10)
+				errs <- fs.Save(ctx, key, Snapshot{Next: int64(w*1000 + i), State: state})
+			}
+		}()
+	}
+	for range writers {
+		<-done
+	}
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("Save beside another saver: %v", err)
+		}
+	}
+	fs, _ := NewFileStore(dir)
+	l := mustLoad(t, fs, key)
+	w := int(l.Next / 1000)
+	if l.FellBack || w >= writers || l.Next%1000 >= saves || !bytes.Equal(l.State, bytes.Repeat([]byte{byte(w)}, 64<<10)) {
+		t.Fatalf("after concurrent saves: next %d, fellBack %v, %d state bytes: not a snapshot a writer saved", l.Next, l.FellBack, len(l.State))
+	}
+	if l.Previous == nil {
+		t.Fatalf("after concurrent saves: no previous snapshot kept")
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, "*", "*", "*"+tmpSuffix)); len(left) != 0 {
+		t.Fatalf("temporary files left behind by finished saves: %v", left)
+	}
+}
+
+// TestFileStoreRemovesStaleTemps: Load removes a crashed Save's temporary
+// files once they are old, and leaves a fresh one (a Save may be running).
+func TestFileStoreRemovesStaleTemps(t *testing.T) {
+	fs, err := NewFileStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := Key{Group: "g", Topic: "t", Partition: 0}
+	mustSave(t, fs, key, Snapshot{Next: 5, State: []byte("a")})
+	_, cur, _ := fs.paths(key)
+	old := time.Now().Add(-2 * staleTemp)
+	for _, tc := range []struct {
+		name   string
+		mtime  time.Time
+		remain bool
+	}{
+		{cur + ".tmp", old, false}, // the name before unique names
+		{cur + ".123456" + tmpSuffix, old, false},
+		{cur + ".654321" + tmpSuffix, time.Now(), true},
+	} {
+		writeFile(t, tc.name, []byte("partial"))
+		if err := os.Chtimes(tc.name, tc.mtime, tc.mtime); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			_, err := os.Stat(tc.name)
+			if exists := err == nil; exists != tc.remain {
+				t.Errorf("%s: exists %v after Load, want %v", filepath.Base(tc.name), exists, tc.remain)
+			}
+		}()
+	}
+	if l := mustLoad(t, fs, key); l.Next != 5 {
+		t.Fatalf("Load next %d, want 5", l.Next)
+	}
 }

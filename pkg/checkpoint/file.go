@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 )
 
 // FileStore keeps each partition's snapshot in DIR/<group>/<topic>/<partition>.snap
@@ -16,7 +17,14 @@ import (
 // Crash-safety invariant: a Save that returned is durable (data fsynced, rename
 // fsynced in its directory), and at every instant at least one of .snap and .prev
 // holds a complete frame written by a finished Save. A crash mid-Save leaves at
-// worst a stray .tmp file, which Load ignores.
+// worst a stray temporary file, which Load ignores and removes once it is an
+// hour old.
+//
+// Two processes may Save the same partition at once: a zombie that has not yet
+// seen its partition revoked and the new owner, sharing one volume. Each Save
+// writes its own uniquely named temporary file, so neither can truncate or
+// rename away the other's; the last rename wins, and Load's offset checks in
+// pkg/service decide whether that snapshot can be used.
 type FileStore struct {
 	dir string
 }
@@ -44,9 +52,9 @@ func (s *FileStore) Save(_ context.Context, key Key, snap Snapshot) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("save snapshot %s: %w", key, err)
 	}
-	tmp := cur + ".tmp"
 	h, st, tr := frameParts(snap)
-	if err := writeSync(tmp, h, st, tr); err != nil {
+	tmp, err := writeTemp(dir, filepath.Base(cur)+".*"+tmpSuffix, h, st, tr)
+	if err != nil {
 		return fmt.Errorf("save snapshot %s: %w", key, err)
 	}
 	// Keep the previous snapshot: if the new one is ever found corrupt, Load
@@ -55,6 +63,7 @@ func (s *FileStore) Save(_ context.Context, key Key, snap Snapshot) error {
 		return fmt.Errorf("save snapshot %s: keep previous: %w", key, err)
 	}
 	if err := os.Rename(tmp, cur); err != nil {
+		os.Remove(tmp)
 		return fmt.Errorf("save snapshot %s: %w", key, err)
 	}
 	if err := syncDir(dir); err != nil {
@@ -63,24 +72,55 @@ func (s *FileStore) Save(_ context.Context, key Key, snap Snapshot) error {
 	return nil
 }
 
-// writeSync writes the parts to path and fsyncs it. The parts are written as
-// they are (no concatenated copy: a state can be a hundred megabytes).
-func writeSync(path string, parts ...[]byte) error {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+// tmpSuffix ends the name of a snapshot being written.
+const tmpSuffix = ".tmp"
+
+// staleTemp is how old a temporary file must be before Load removes it: far
+// longer than any Save takes, so only a crashed Save's leftovers qualify.
+const staleTemp = time.Hour
+
+// writeTemp writes the parts to a new file in dir named after pattern (see
+// os.CreateTemp) and fsyncs it. The parts are written as they are (no
+// concatenated copy: a state can be a hundred megabytes).
+func writeTemp(dir, pattern string, parts ...[]byte) (string, error) {
+	f, err := os.CreateTemp(dir, pattern)
 	if err != nil {
-		return err
+		return "", err
+	}
+	fail := func(err error) (string, error) {
+		f.Close()
+		os.Remove(f.Name())
+		return "", err
+	}
+	// CreateTemp makes the file private; snapshots were always 0644.
+	if err := f.Chmod(0o644); err != nil {
+		return fail(err)
 	}
 	for _, data := range parts {
 		if _, err := f.Write(data); err != nil {
-			f.Close()
-			return err
+			return fail(err)
 		}
 	}
 	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
+		return fail(err)
 	}
-	return f.Close()
+	if err := f.Close(); err != nil {
+		os.Remove(f.Name())
+		return "", err
+	}
+	return f.Name(), nil
+}
+
+// removeStaleTemps deletes the partition's temporary files older than
+// staleTemp. Errors are ignored: a leftover file costs disk, never correctness.
+func removeStaleTemps(cur string, now time.Time) {
+	// Both the old fixed name (<p>.snap.tmp) and the unique ones match.
+	names, _ := filepath.Glob(cur + "*" + tmpSuffix)
+	for _, name := range names {
+		if fi, err := os.Stat(name); err == nil && now.Sub(fi.ModTime()) > staleTemp {
+			os.Remove(name)
+		}
+	}
 }
 
 func syncDir(dir string) error {
@@ -95,6 +135,7 @@ func syncDir(dir string) error {
 // Load implements Store.
 func (s *FileStore) Load(_ context.Context, key Key) (Loaded, error) {
 	_, cur, prev := s.paths(key)
+	removeStaleTemps(cur, time.Now())
 	newest, errCur := readFrame(cur)
 	older, errPrev := readFrame(prev)
 	if errCur == nil {
