@@ -310,35 +310,13 @@ func (s *KafkaStore) Save(ctx context.Context, key Key, snap Snapshot) error {
 	if err != nil {
 		return fmt.Errorf("save snapshot %s: %w", key, err)
 	}
-	frame := Encode(snap)
-	e := entry{
-		Next:      snap.Next,
-		Length:    uint64(len(frame)),
-		CRC:       crcOf(frame),
-		Partition: s.chunkPartition(key),
-		Nonce:     randomNonce(),
-		Chunks:    uint32((len(frame) + s.chunkSize - 1) / s.chunkSize),
-	}
+	gen := uint64(1)
 	if hasPrev {
-		e.Gen = prev.Cur.Gen + 1
-	} else {
-		e.Gen = 1
+		gen = prev.Cur.Gen + 1
 	}
-	recs := make([]*kgo.Record, 0, e.Chunks)
-	for i := uint32(0); i < e.Chunks; i++ {
-		lo := int(i) * s.chunkSize
-		hi := min(lo+s.chunkSize, len(frame))
-		recs = append(recs, &kgo.Record{Topic: s.topic, Partition: e.Partition, Key: chunkKey(key, e, i), Value: frame[lo:hi]})
-	}
-	res := s.cl.ProduceSync(ctx, recs...)
-	if err := res.FirstErr(); err != nil {
-		return fmt.Errorf("save snapshot %s: produce chunks to %s: %w", key, s.topic, err)
-	}
-	// ProduceSync returns results in order; chunks are in one partition from
-	// one producer, so chunk 0 has the lowest offset.
-	e.First = res[0].Record.Offset
-	for _, r := range res {
-		e.First = min(e.First, r.Record.Offset)
+	e, err := s.produceChunks(ctx, key, snap, gen)
+	if err != nil {
+		return fmt.Errorf("save snapshot %s: %w", key, err)
 	}
 
 	m := manifest{Cur: e}
@@ -358,14 +336,51 @@ func (s *KafkaStore) Save(ctx context.Context, key Key, snap Snapshot) error {
 	// by no manifest: tombstone its chunks so compaction reclaims them. A
 	// failure here only leaves garbage behind, so it is not an error.
 	if hasPrev && prev.HasPrev {
-		old := prev.Prev
-		tomb := make([]*kgo.Record, 0, old.Chunks)
-		for i := uint32(0); i < old.Chunks; i++ {
-			tomb = append(tomb, &kgo.Record{Topic: s.topic, Partition: old.Partition, Key: chunkKey(key, old, i)})
-		}
-		_ = s.cl.ProduceSync(ctx, tomb...).FirstErr()
+		_ = s.tombstone(ctx, key, prev.Prev)
 	}
 	return nil
+}
+
+// produceChunks frames snap, produces it as chunks of generation gen with a
+// fresh nonce, and returns the entry that finds them once every chunk is
+// acknowledged.
+func (s *KafkaStore) produceChunks(ctx context.Context, key Key, snap Snapshot, gen uint64) (entry, error) {
+	frame := Encode(snap)
+	e := entry{
+		Gen:       gen,
+		Next:      snap.Next,
+		Length:    uint64(len(frame)),
+		CRC:       crcOf(frame),
+		Partition: s.chunkPartition(key),
+		Nonce:     randomNonce(),
+		Chunks:    uint32((len(frame) + s.chunkSize - 1) / s.chunkSize),
+	}
+	recs := make([]*kgo.Record, 0, e.Chunks)
+	for i := uint32(0); i < e.Chunks; i++ {
+		lo := int(i) * s.chunkSize
+		hi := min(lo+s.chunkSize, len(frame))
+		recs = append(recs, &kgo.Record{Topic: s.topic, Partition: e.Partition, Key: chunkKey(key, e, i), Value: frame[lo:hi]})
+	}
+	res := s.cl.ProduceSync(ctx, recs...)
+	if err := res.FirstErr(); err != nil {
+		return entry{}, fmt.Errorf("produce chunks to %s: %w", s.topic, err)
+	}
+	// ProduceSync returns results in order; chunks are in one partition from
+	// one producer, so chunk 0 has the lowest offset.
+	e.First = res[0].Record.Offset
+	for _, r := range res {
+		e.First = min(e.First, r.Record.Offset)
+	}
+	return e, nil
+}
+
+// tombstone deletes the chunks of e so that compaction reclaims them.
+func (s *KafkaStore) tombstone(ctx context.Context, key Key, e entry) error {
+	tomb := make([]*kgo.Record, 0, e.Chunks)
+	for i := uint32(0); i < e.Chunks; i++ {
+		tomb = append(tomb, &kgo.Record{Topic: s.topic, Partition: e.Partition, Key: chunkKey(key, e, i)})
+	}
+	return s.cl.ProduceSync(ctx, tomb...).FirstErr()
 }
 
 func randomNonce() uint64 {

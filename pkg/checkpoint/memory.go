@@ -10,6 +10,7 @@ import (
 type MemoryStore struct {
 	mu    sync.Mutex
 	snaps map[Key][2][]byte // newest, previous (framed)
+	segs  map[segKey][]byte // framed
 }
 
 // NewMemoryStore returns an empty store.

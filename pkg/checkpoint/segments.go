@@ -1,0 +1,209 @@
+package checkpoint
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+)
+
+// SegmentStore is a Store that also keeps segments: immutable blobs beside a
+// partition's snapshots that a snapshot's state refers to by reference, so that
+// data an earlier snapshot saved need not be written again (pkg/watermark keeps
+// its dedupe ids this way). A segment is framed and checksummed like a snapshot.
+//
+// References are unique per write (a random nonce), so two processes writing
+// the same partition (a zombie and the new owner) never overwrite each other's
+// segments. Deleting a segment is the writer's decision: the store never drops
+// one by itself.
+type SegmentStore interface {
+	Store
+	// PutSegment makes data durable as a new segment of key before it
+	// returns, and returns the reference that names it.
+	PutSegment(ctx context.Context, key Key, data []byte) (ref []byte, err error)
+	// GetSegment returns a segment's data, verified: ErrNotFound when it is
+	// missing, ErrCorrupt when it fails its checks.
+	GetSegment(ctx context.Context, key Key, ref []byte) ([]byte, error)
+	// DeleteSegment removes a segment; removing a missing one is not an error.
+	// (KafkaStore writes tombstones: the chunks go at the topic's compaction.)
+	DeleteSegment(ctx context.Context, key Key, ref []byte) error
+}
+
+var (
+	_ SegmentStore = (*FileStore)(nil)
+	_ SegmentStore = (*MemoryStore)(nil)
+	_ SegmentStore = (*KafkaStore)(nil)
+)
+
+// FileStore segments are DIR/<group>/<topic>/<partition>.seg-<nonce>, where the
+// reference is the 16 hex digits of the nonce.
+
+func (s *FileStore) segmentPath(key Key, ref []byte) (string, error) {
+	if len(ref) != 16 {
+		return "", fmt.Errorf("%w: segment reference %q is not 16 hex digits", ErrCorrupt, ref)
+	}
+	if _, err := hex.DecodeString(string(ref)); err != nil {
+		return "", fmt.Errorf("%w: segment reference %q is not 16 hex digits", ErrCorrupt, ref)
+	}
+	dir, _, _ := s.paths(key)
+	return filepath.Join(dir, strconv.Itoa(int(key.Partition))+".seg-"+string(ref)), nil
+}
+
+// PutSegment implements SegmentStore. A crash mid-write leaves a file no
+// snapshot names (its reference was never returned).
+func (s *FileStore) PutSegment(_ context.Context, key Key, data []byte) ([]byte, error) {
+	dir, _, _ := s.paths(key)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("save segment %s: %w", key, err)
+	}
+	ref := fmt.Appendf(nil, "%016x", randomNonce())
+	path, _ := s.segmentPath(key, ref)
+	h, st, tr := frameParts(Snapshot{State: data})
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("save segment %s: %w", key, err)
+	}
+	for _, part := range [][]byte{h, st, tr} {
+		if _, err = f.Write(part); err != nil {
+			break
+		}
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = syncDir(dir)
+	}
+	if err != nil {
+		os.Remove(path)
+		return nil, fmt.Errorf("save segment %s: %w", key, err)
+	}
+	return ref, nil
+}
+
+// GetSegment implements SegmentStore.
+func (s *FileStore) GetSegment(_ context.Context, key Key, ref []byte) ([]byte, error) {
+	path, err := s.segmentPath(key, ref)
+	if err != nil {
+		return nil, err
+	}
+	snap, err := readFrame(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("segment %s of %s: %w", ref, key, ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("segment %s of %s: %w", ref, key, err)
+	}
+	return snap.State, nil
+}
+
+// DeleteSegment implements SegmentStore.
+func (s *FileStore) DeleteSegment(_ context.Context, key Key, ref []byte) error {
+	path, err := s.segmentPath(key, ref)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("delete segment %s of %s: %w", ref, key, err)
+	}
+	return nil
+}
+
+// PutSegment implements SegmentStore.
+func (s *MemoryStore) PutSegment(_ context.Context, key Key, data []byte) ([]byte, error) {
+	ref := fmt.Appendf(nil, "%016x", randomNonce())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.segs == nil {
+		s.segs = map[segKey][]byte{}
+	}
+	s.segs[segKey{key, string(ref)}] = Encode(Snapshot{State: data})
+	return ref, nil
+}
+
+// GetSegment implements SegmentStore.
+func (s *MemoryStore) GetSegment(_ context.Context, key Key, ref []byte) ([]byte, error) {
+	s.mu.Lock()
+	b, ok := s.segs[segKey{key, string(ref)}]
+	s.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("segment %s of %s: %w", ref, key, ErrNotFound)
+	}
+	snap, err := Decode(b)
+	if err != nil {
+		return nil, fmt.Errorf("segment %s of %s: %w", ref, key, err)
+	}
+	return snap.State, nil
+}
+
+// DeleteSegment implements SegmentStore.
+func (s *MemoryStore) DeleteSegment(_ context.Context, key Key, ref []byte) error {
+	s.mu.Lock()
+	delete(s.segs, segKey{key, string(ref)})
+	s.mu.Unlock()
+	return nil
+}
+
+// Segments reports how many segments the store holds (for tests).
+func (s *MemoryStore) Segments() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.segs)
+}
+
+type segKey struct {
+	key Key
+	ref string
+}
+
+// KafkaStore segments are chunked like snapshots, in the key's chunk
+// partition, as generation 0 (snapshots start at 1) with a fresh nonce; the
+// reference is the encoded entry, which holds the offset to read from.
+
+// PutSegment implements SegmentStore.
+func (s *KafkaStore) PutSegment(ctx context.Context, key Key, data []byte) ([]byte, error) {
+	e, err := s.produceChunks(ctx, key, Snapshot{State: data}, 0)
+	if err != nil {
+		return nil, fmt.Errorf("save segment %s: %w", key, err)
+	}
+	return appendEntry(nil, e), nil
+}
+
+func (s *KafkaStore) segmentEntry(ref []byte) (entry, error) {
+	if len(ref) != entryLen {
+		return entry{}, fmt.Errorf("%w: segment reference of %d bytes, want %d", ErrCorrupt, len(ref), entryLen)
+	}
+	e := readEntry(ref)
+	if e.Gen != 0 || e.Chunks == 0 || e.First < 0 || e.Partition < 0 || e.Partition >= max(s.partitions, 1) {
+		return entry{}, fmt.Errorf("%w: segment reference out of range", ErrCorrupt)
+	}
+	return e, nil
+}
+
+// GetSegment implements SegmentStore.
+func (s *KafkaStore) GetSegment(ctx context.Context, key Key, ref []byte) ([]byte, error) {
+	e, err := s.segmentEntry(ref)
+	if err != nil {
+		return nil, err
+	}
+	snaps, errs := s.readEntries(ctx, key, []entry{e})
+	if errs[0] != nil {
+		return nil, fmt.Errorf("segment of %s: %w", key, errs[0])
+	}
+	return snaps[0].State, nil
+}
+
+// DeleteSegment implements SegmentStore: tombstones for its chunks.
+func (s *KafkaStore) DeleteSegment(ctx context.Context, key Key, ref []byte) error {
+	e, err := s.segmentEntry(ref)
+	if err != nil {
+		return err
+	}
+	return s.tombstone(ctx, key, e)
+}
