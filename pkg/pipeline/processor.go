@@ -402,9 +402,9 @@ var snapMagic = [4]byte{'V', 'C', 'P', '1'}
 
 // AppendSnapshot appends the processor's whole state, deterministically.
 func (p *Processor) AppendSnapshot(dst []byte) []byte {
-	ps := p.BeginSnapshot(dst)
+	ps := p.beginSnapshot(dst, false)
 	ps.Step(math.MaxInt)
-	dst = ps.Finish()
+	dst, _ = ps.Finish() // inline ids: no segment to write, cannot fail
 	p.EndSnapshot(ps)
 	return dst
 }
@@ -430,12 +430,16 @@ type PendingSnapshot struct {
 // Finish. Call Step between Process calls until it returns true, then Finish, then
 // EndSnapshot on the Processor's goroutine.
 func (p *Processor) BeginSnapshot(buf []byte) *PendingSnapshot {
+	return p.beginSnapshot(buf, true)
+}
+
+func (p *Processor) beginSnapshot(buf []byte, segmented bool) *PendingSnapshot {
 	buf = append(buf, snapMagic[:]...)
 	buf = binary.BigEndian.AppendUint64(buf, uint64(p.next))
 	buf = binary.BigEndian.AppendUint64(buf, uint64(p.lastSweep))
 	ps := &PendingSnapshot{stageLenAt: len(buf)}
 	buf = append(buf, 0, 0, 0, 0, 0, 0, 0, 0)
-	ps.buf, ps.stage = p.stage.BeginSnapshot(buf)
+	ps.buf, ps.stage = p.stage.BeginSnapshotWith(buf, segmented && p.cfg.Watermark.Segments != nil)
 	ps.table = p.table.BeginSnapshot()
 	return ps
 }
@@ -445,8 +449,11 @@ func (p *Processor) BeginSnapshot(buf []byte) *PendingSnapshot {
 func (ps *PendingSnapshot) Step(budget int) bool { return ps.table.Step(budget) }
 
 // Finish completes the snapshot and returns it: the buf given to BeginSnapshot,
-// extended. Call it once, after Step returned true.
-func (ps *PendingSnapshot) Finish() []byte {
+// extended. Call it once, after Step returned true. With Config.Watermark.Segments
+// it writes the dedupe ids accepted since the last saved snapshot as a segment
+// first, and fails if that write fails; pass ps to SnapshotSaved once the snapshot
+// is durable.
+func (ps *PendingSnapshot) Finish() ([]byte, error) {
 	if ps.finished {
 		panic("pipeline: PendingSnapshot.Finish called twice")
 	}
@@ -458,14 +465,18 @@ func (ps *PendingSnapshot) Finish() []byte {
 		// faulting in tens of fresh megabytes each time was a tenth of the CPU.
 		buf = slices.Grow(buf, need+(len(buf)+need)/2)
 	}
-	buf = ps.stage.Finish(buf, ps.stageLenAt+8)
+	buf, err := ps.stage.Finish(buf, ps.stageLenAt+8)
+	if err != nil {
+		ps.buf = buf
+		return nil, err
+	}
 	binary.BigEndian.PutUint64(buf[ps.stageLenAt:], uint64(len(buf)-ps.stageLenAt-8))
 	tableLenAt := len(buf)
 	buf = append(buf, 0, 0, 0, 0, 0, 0, 0, 0)
 	buf = ps.table.AppendTo(buf)
 	binary.BigEndian.PutUint64(buf[tableLenAt:], uint64(len(buf)-tableLenAt-8))
 	ps.buf = buf
-	return buf
+	return buf, nil
 }
 
 // Bytes returns the snapshot Finish returned (nil before), so that a caller can reuse
@@ -483,6 +494,14 @@ func (ps *PendingSnapshot) Bytes() []byte {
 func (p *Processor) EndSnapshot(ps *PendingSnapshot) {
 	p.stage.EndSnapshot(ps.stage)
 	p.table.EndSnapshot(ps.table)
+}
+
+// SnapshotSaved reports that ps's snapshot is durable (see watermark.Stage.SnapshotSaved)
+// and returns the references of dedupe segments no kept snapshot lists any more, for
+// the caller to delete from its store. Call it on the Processor's goroutine, in save
+// order, after EndSnapshot.
+func (p *Processor) SnapshotSaved(ps *PendingSnapshot) [][]byte {
+	return p.stage.SnapshotSaved(ps.stage)
 }
 
 // Restore builds a Processor from a snapshot made by AppendSnapshot with the same

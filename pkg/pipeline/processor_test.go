@@ -267,7 +267,7 @@ func TestSnapshotResume(t *testing.T) {
 			a.Process(r, func(*Output) {})
 		}
 		ps.Step(math.MaxInt)
-		if deferred := ps.Finish(); !bytes.Equal(deferred[1:], snap) || deferred[0] != 'x' {
+		if deferred, err := ps.Finish(); err != nil || !bytes.Equal(deferred[1:], snap) || deferred[0] != 'x' {
 			t.Fatalf("cut %d: snapshot finished later differs from AppendSnapshot at its beginning", cut)
 		}
 		a.EndSnapshot(ps)

@@ -52,7 +52,7 @@ func BenchmarkCheckpointPause(b *testing.B) {
 					break
 				}
 			}
-			buf = ps.Finish()
+			buf, _ = ps.Finish()
 			p.EndSnapshot(ps)
 		}
 		slices.Sort(stops)

@@ -401,11 +401,38 @@ func (s *Service) key(p int32) checkpoint.Key {
 }
 
 func (s *Service) processorConfig(p int32) pipeline.Config {
+	wm := s.cfg.Watermark
+	if ss, ok := s.cfg.Store.(checkpoint.SegmentStore); ok {
+		// Checkpoints write each dedupe id about log4(checkpoints per
+		// horizon) times instead of in every snapshot (watermark/segments.go).
+		wm.Segments = partitionSegments{store: ss, key: s.key(p)}
+	}
 	return pipeline.Config{
 		Topic: s.cfg.InputTopic, Partition: p,
-		Specs: s.cfg.Specs, Window: s.cfg.Window, Watermark: s.cfg.Watermark,
+		Specs: s.cfg.Specs, Window: s.cfg.Window, Watermark: wm,
 		Late: s.cfg.Late, Decoder: s.dec,
 	}
+}
+
+// partitionSegments binds a segment store to one partition for pkg/watermark.
+type partitionSegments struct {
+	store checkpoint.SegmentStore
+	key   checkpoint.Key
+}
+
+// segmentTimeout bounds one segment write or read (a segment can be tens of MB).
+const segmentTimeout = 2 * time.Minute
+
+func (ps partitionSegments) PutSegment(data []byte) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), segmentTimeout)
+	defer cancel()
+	return ps.store.PutSegment(ctx, ps.key, data)
+}
+
+func (ps partitionSegments) GetSegment(ref []byte) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), segmentTimeout)
+	defer cancel()
+	return ps.store.GetSegment(ctx, ps.key, ref)
 }
 
 // assigned runs after the group assigned us partitions and their committed
@@ -620,6 +647,18 @@ func (s *Service) restore(ctx context.Context, p int32, committed int64) (*pipel
 		}
 	}
 	proc, err := pipeline.Restore(cfg, snap.State)
+	if err != nil && !s.cfg.ExactlyOnce && loaded.Previous != nil {
+		// The newest does not restore (most likely a dedupe segment it lists
+		// is missing or damaged): the previous one is as good a start as after
+		// a corrupt newest frame; the records since are read again.
+		prevProc, prevErr := pipeline.Restore(cfg, loaded.Previous.State)
+		if prevErr == nil {
+			s.m.SnapshotFallbacks.Inc()
+			s.log.Warn("newest snapshot does not restore, restored the previous one",
+				zap.Int32("partition", p), zap.Int64("discarded_next", snap.Next), zap.Error(err))
+			return prevProc, loaded.Previous.Next, nil
+		}
+	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("partition %d: restore snapshot: %w", p, err)
 	}

@@ -442,12 +442,22 @@ func (w *worker) checkpoint() error {
 	}
 	next := w.proc.Next()
 	snapStart := time.Now()
-	w.snapBuf = w.proc.AppendSnapshot(w.snapBuf[:0])
+	ps := w.proc.BeginSnapshot(w.snapBuf[:0])
+	ps.Step(math.MaxInt)
+	state, err := ps.Finish()
+	w.proc.EndSnapshot(ps)
+	w.snapBuf = ps.Bytes()[:0]
 	w.s.m.CheckpointPause.Observe(time.Since(snapStart).Seconds())
-	if err := w.s.cfg.Store.Save(ctx, w.s.key(w.part), checkpoint.Snapshot{Next: next, State: w.snapBuf}); err != nil {
+	if err != nil {
 		w.s.m.CheckpointErrors.Inc()
 		return fmt.Errorf("partition %d: %w", w.part, err)
 	}
+	w.snapBuf = state
+	if err := w.s.cfg.Store.Save(ctx, w.s.key(w.part), checkpoint.Snapshot{Next: next, State: state}); err != nil {
+		w.s.m.CheckpointErrors.Inc()
+		return fmt.Errorf("partition %d: %w", w.part, err)
+	}
+	w.deleteSegments(w.proc.SnapshotSaved(ps))
 	w.s.m.CheckpointBytes.WithLabelValues(w.label).Set(float64(len(w.snapBuf)))
 	if w.txn != nil {
 		// The snapshot above is durable before this commit: a crash in
@@ -540,7 +550,12 @@ func (w *worker) advanceSweep(d time.Duration) {
 	}
 	w.sweep = nil
 	go func() {
-		state := sw.snap.Finish()
+		state, err := sw.snap.Finish()
+		if err != nil {
+			w.s.m.CheckpointErrors.Inc()
+			w.bgDone <- bgResult{snap: sw.snap, err: fmt.Errorf("partition %d: %w", w.part, err)}
+			return
+		}
 		w.s.m.CheckpointBytes.WithLabelValues(w.label).Set(float64(len(state)))
 		w.bgDone <- bgResult{snap: sw.snap, err: w.finishCheckpoint(sw.epoch, sw.next, state, sw.start)}
 	}()
@@ -597,7 +612,30 @@ func (w *worker) backgroundDone(res bgResult) error {
 	w.bgBusy = false
 	w.proc.EndSnapshot(res.snap)
 	w.snapBuf = res.snap.Bytes()[:0]
+	if res.err == nil {
+		w.deleteSegments(w.proc.SnapshotSaved(res.snap))
+	}
 	return res.err
+}
+
+// deleteSegments removes, off the partition goroutine, dedupe segments that no
+// snapshot the store keeps lists any more. A failure only leaves garbage.
+func (w *worker) deleteSegments(refs [][]byte) {
+	ss, ok := w.s.cfg.Store.(checkpoint.SegmentStore)
+	if len(refs) == 0 || !ok {
+		return
+	}
+	key := w.s.key(w.part)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		for _, ref := range refs {
+			if err := ss.DeleteSegment(ctx, key, ref); err != nil {
+				w.s.log.Warn("cannot delete an unreferenced dedupe segment; it stays as garbage",
+					zap.Int32("partition", w.part), zap.Error(err))
+			}
+		}
+	}()
 }
 
 func (w *worker) commit(ctx context.Context, next int64) error {

@@ -36,6 +36,7 @@ type idRing struct {
 	n      int
 	spare  []*idBlock // popped blocks, reused when no view is open
 	views  int        // views taken and not yet released
+	popped uint64     // entries popped so far: the absolute index of the front
 }
 
 const idBlockLen = 2048 // 48 KiB per block
@@ -74,6 +75,7 @@ func (r *idRing) front() idEntry { return r.blocks[0][r.head] }
 func (r *idRing) pop() {
 	r.head++
 	r.n--
+	r.popped++
 	if r.head < idBlockLen {
 		return // an emptied ring goes on filling its front block from head
 	}

@@ -7,7 +7,7 @@ import (
 	"slices"
 )
 
-// Snapshot layout, version 1, all integers little-endian:
+// Snapshot layout, version 1 (version 2 below), all integers little-endian:
 //
 //	"VCWM" version:u8 flags:u8 (bit 0 hasMax, bit 1 pressure) maxSeen:i64
 //	pending:u32, then per event in release order:
@@ -15,6 +15,11 @@ import (
 //	    len(eventID):u32 eventID len(entityID):u32 entityID
 //	ids:u32, then per live id in acceptance order: hashHi:u64 hashLo:u64 eventTime:i64
 //	crc32c:u32 over every byte before it
+//
+// Version 2, the segmented snapshot (segments.go), differs only in the ids section:
+//
+//	base:u64 segments:u32, then per segment: first:u64 count:u64 level:u8
+//	    len(ref):u32 ref
 //
 // Configuration is not stored: lateness, horizon and marks come from the Config passed to
 // Restore, so an operator may change them across a restart.
@@ -34,10 +39,12 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // AppendSnapshot appends the stage's state to dst. The bytes depend only on the logical
 // state (see the package documentation), so the same history gives the same bytes, and
 // a restored stage snapshots to exactly the bytes it was restored from.
+//
+// It always writes version 1, with the ids inline, whatever Config.Segments says.
 func (s *Stage) AppendSnapshot(dst []byte) []byte {
 	start := len(dst)
-	dst, p := s.BeginSnapshot(dst)
-	dst = p.Finish(dst, start)
+	dst, p := s.BeginSnapshotWith(dst, false)
+	dst, _ = p.Finish(dst, start) // no segment to write: cannot fail
 	s.EndSnapshot(p)
 	return dst
 }
@@ -54,6 +61,9 @@ type PendingSnapshot struct {
 	all     bool  // no event seen yet: every id is live
 	sync    bool  // ids already encoded by BeginSnapshot
 	open    bool  // view not yet released
+	plan    *segPlan
+	store   SegmentStore
+	segBuf  []byte
 }
 
 // BeginSnapshot appends the part of the stage's snapshot that is cheap to encode (the
@@ -61,7 +71,23 @@ type PendingSnapshot struct {
 // PendingSnapshot.Finish. Every PendingSnapshot must be passed to EndSnapshot, on the
 // Stage's goroutine, after Finish; until then the Stage keeps the blocks the ids were
 // in (which costs allocations, never correctness).
+//
+// With Config.Segments set (and dedupe on, and no Remember that superseded a live
+// id), the snapshot is version 2: Finish writes the ids accepted since the newest
+// saved snapshot as a segment and the snapshot lists segments (see segments.go);
+// pass the snapshot to SnapshotSaved once it is durable.
 func (s *Stage) BeginSnapshot(dst []byte) ([]byte, *PendingSnapshot) {
+	return s.BeginSnapshotWith(dst, s.segments != nil)
+}
+
+// BeginSnapshotWith is BeginSnapshot with the choice made by the caller: segmented
+// false gives version 1 (ids inline) even with Config.Segments set.
+func (s *Stage) BeginSnapshotWith(dst []byte, segmented bool) ([]byte, *PendingSnapshot) {
+	segmented = segmented && s.dedupe && !s.superseded
+	version := byte(snapVersion)
+	if segmented {
+		version = snapVersion2
+	}
 	start := len(dst)
 	dst = append(dst, snapMagic...)
 	var flags byte
@@ -71,7 +97,7 @@ func (s *Stage) BeginSnapshot(dst []byte) ([]byte, *PendingSnapshot) {
 	if s.pressure {
 		flags |= flagPressure
 	}
-	dst = append(dst, snapVersion, flags)
+	dst = append(dst, version, flags)
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(s.maxSeen))
 
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(s.Pending()))
@@ -121,6 +147,15 @@ func (s *Stage) BeginSnapshot(dst []byte) ([]byte, *PendingSnapshot) {
 			n++
 		}
 		binary.LittleEndian.PutUint32(dst[countAt:], n)
+	case segmented:
+		p.plan, p.store = s.planSegments(), s.segments
+		if p.plan.write {
+			p.view, p.open = s.ring.view(), true
+			p.segBuf, s.segBuf = s.segBuf, nil
+		} else {
+			p.sync = true
+			dst = appendSegmentList(dst, p.plan)
+		}
 	default:
 		p.view, p.open = s.ring.view(), true
 	}
@@ -130,19 +165,38 @@ func (s *Stage) BeginSnapshot(dst []byte) ([]byte, *PendingSnapshot) {
 
 // Size is at most how many bytes Finish appends.
 func (p *PendingSnapshot) Size() int {
-	if p.sync {
+	switch {
+	case p.sync:
 		return crcLen
+	case p.plan != nil:
+		n := 8 + 4 + crcLen
+		for range p.plan.list {
+			n += 8 + 8 + 1 + 4 + maxRefLen
+		}
+		return n
 	}
 	return 4 + p.view.n*idEntryLen + crcLen
 }
 
 // Finish appends the rest of the snapshot to dst, whose bytes from start on must be
-// exactly those BeginSnapshot appended, and returns the extended slice.
-func (p *PendingSnapshot) Finish(dst []byte, start int) []byte {
+// exactly those BeginSnapshot appended, and returns the extended slice. It fails only
+// when a segment cannot be written (then the snapshot must not be saved).
+func (p *PendingSnapshot) Finish(dst []byte, start int) ([]byte, error) {
 	if len(dst)-start != p.headLen {
 		panic("watermark: PendingSnapshot.Finish on bytes other than BeginSnapshot's")
 	}
-	if !p.sync {
+	if !p.sync && p.plan != nil {
+		p.segBuf = encodeSegment(p.segBuf[:0], &p.view, p.plan.base, p.plan.from)
+		ref, err := p.store.PutSegment(p.segBuf)
+		if err != nil {
+			return dst, fmt.Errorf("write dedupe segment: %w", err)
+		}
+		if len(ref) == 0 || len(ref) > maxRefLen {
+			return dst, fmt.Errorf("write dedupe segment: the store returned a %d-byte reference", len(ref))
+		}
+		p.plan.list[len(p.plan.list)-1].ref = ref
+		dst = appendSegmentList(dst, p.plan)
+	} else if !p.sync {
 		countAt := len(dst)
 		dst = binary.LittleEndian.AppendUint32(dst, 0)
 		dst = slices.Grow(dst, p.view.n*idEntryLen+crcLen)
@@ -160,7 +214,7 @@ func (p *PendingSnapshot) Finish(dst []byte, start int) []byte {
 		}
 		binary.LittleEndian.PutUint32(dst[countAt:], n)
 	}
-	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
+	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli)), nil
 }
 
 // EndSnapshot releases what p kept of the stage. Call it on the Stage's goroutine once
@@ -170,6 +224,9 @@ func (s *Stage) EndSnapshot(p *PendingSnapshot) {
 		p.open = false
 		p.view = idView{}
 		s.ring.release()
+	}
+	if p != nil && p.segBuf != nil {
+		s.segBuf, p.segBuf = p.segBuf[:0], nil
 	}
 }
 
@@ -236,7 +293,8 @@ func (r *reader) str(what string) string {
 	return string(r.take(int(n), what))
 }
 
-// Restore rebuilds a Stage from AppendSnapshot output, with behaviour set by cfg. Any
+// Restore rebuilds a Stage from AppendSnapshot output, or a segmented snapshot (whose
+// ids it reads from cfg.Segments), with behaviour set by cfg. Any
 // input it cannot fully validate (wrong magic or version, bad checksum, truncation,
 // trailing bytes, unsorted events, repeated ids) is an error wrapping ErrCorrupt; it
 // never panics and never returns a partly loaded stage. Ids outside cfg's horizon are
@@ -256,16 +314,17 @@ func Restore(cfg Config, data []byte) (*Stage, error) {
 	if string(body[:len(snapMagic)]) != snapMagic {
 		return nil, fmt.Errorf("restore watermark: %w: not a watermark snapshot (magic %q)", ErrCorrupt, body[:len(snapMagic)])
 	}
-	if v := body[len(snapMagic)]; v != snapVersion {
-		return nil, fmt.Errorf("restore watermark: %w: version %d, this build reads only %d", ErrCorrupt, v, snapVersion)
+	v := body[len(snapMagic)]
+	if v != snapVersion && v != snapVersion2 {
+		return nil, fmt.Errorf("restore watermark: %w: version %d, this build reads %d and %d", ErrCorrupt, v, snapVersion, snapVersion2)
 	}
-	if err := s.decode(body[len(snapMagic)+1:]); err != nil {
+	if err := s.decode(body[len(snapMagic)+1:], v); err != nil {
 		return nil, fmt.Errorf("restore watermark: %w", err)
 	}
 	return s, nil
 }
 
-func (s *Stage) decode(b []byte) error {
+func (s *Stage) decode(b []byte, version byte) error {
 	r := &reader{b: b}
 	var flags byte
 	if p := r.take(1, "flags"); p != nil {
@@ -321,6 +380,14 @@ func (s *Stage) decode(b []byte) error {
 	}
 	s.seq = uint64(np)
 
+	if version == snapVersion2 {
+		s.decodeSegmentList(r)
+		if r.err != nil {
+			return r.err
+		}
+		s.updatePressure()
+		return nil
+	}
 	ni := r.u32("id count")
 	if r.err == nil && uint64(ni)*idEntryLen != uint64(len(r.b)) {
 		r.fail("id count %d does not match the %d bytes left", ni, len(r.b))

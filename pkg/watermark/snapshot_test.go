@@ -43,7 +43,7 @@ func TestRestoreRejectsStructuralDamage(t *testing.T) {
 		mutate func(b []byte) []byte
 	}{
 		{"wrong magic", func(b []byte) []byte { b[0] = 'X'; return b }},
-		{"future version", func(b []byte) []byte { b[4] = 2; return b }},
+		{"future version", func(b []byte) []byte { b[4] = 3; return b }},
 		{"unknown flag", func(b []byte) []byte { b[5] |= 0x80; return b }},
 		{"max seen without flag", func(b []byte) []byte { b[5] &^= flagHasMax; return b }},
 		{"pending count too large", func(b []byte) []byte { binary.LittleEndian.PutUint32(b[hdr:], 1<<30); return b }},
@@ -223,11 +223,11 @@ func TestPendingSnapshotWhileStageGoesOn(t *testing.T) {
 					// Finish after the stage went on: every block it reads had its
 					// chance to be overwritten.
 					step(5000)
-					got = p.Finish(buf, len(prefix))
+					got = mustFinish(t, p, buf, len(prefix))
 				} else {
 					// Finish at the same time (for the race detector).
 					done := make(chan []byte)
-					go func() { done <- p.Finish(buf, len(prefix)) }()
+					go func() { b, _ := p.Finish(buf, len(prefix)); done <- b }()
 					step(5000)
 					got = <-done
 				}
@@ -247,4 +247,13 @@ func TestPendingSnapshotWhileStageGoesOn(t *testing.T) {
 			}
 		})
 	}
+}
+
+func mustFinish(t testing.TB, p *PendingSnapshot, buf []byte, start int) []byte {
+	t.Helper()
+	b, err := p.Finish(buf, start)
+	if err != nil {
+		t.Fatalf("Finish: %v", err)
+	}
+	return b
 }

@@ -55,6 +55,10 @@ type Config struct {
 	// HighBytes, LowBytes are the marks on pending bytes (sum of Event.Size).
 	// 0 = DefaultHighBytes (64 MiB) and HighBytes/2 (32 MiB by default).
 	HighBytes, LowBytes int64
+	// Segments, when set, makes BeginSnapshot keep the dedupe ids in segments
+	// written once each (see segments.go) instead of in every snapshot, and is
+	// where Restore reads a segmented snapshot's ids from.
+	Segments SegmentStore
 }
 
 // Verdict is what Offer decided about an event.
@@ -117,6 +121,13 @@ type Stage struct {
 
 	lastOffer time.Time
 	scratch   []item // reused by AppendSnapshot
+
+	// Segmented snapshots (segments.go).
+	segments   SegmentStore
+	segSaved   []segment // the list of the newest saved snapshot
+	segRestart bool      // segSaved came with a restore: start a new list
+	segGarbage [][]byte  // dropped by the newest saved snapshot: deletable after the next save
+	segBuf     []byte    // reused for the blob of a new segment
 }
 
 // New returns an empty Stage, or an error naming the first invalid Config field.
@@ -140,6 +151,7 @@ func New(cfg Config) (*Stage, error) {
 		lowEvents:   cfg.LowEvents,
 		highBytes:   cfg.HighBytes,
 		lowBytes:    cfg.LowBytes,
+		segments:    cfg.Segments,
 	}
 	if s.horizon == 0 {
 		s.horizon = max(DefaultDedupeHorizon, s.lateness)
