@@ -25,6 +25,10 @@ type Metrics struct {
 	EntitiesEvicted   *prometheus.CounterVec
 	CheckpointSeconds prometheus.Histogram
 	CheckpointBytes   *prometheus.GaugeVec
+	// CheckpointWritten counts the bytes checkpoints hand to the store: each
+	// snapshot plus the dedupe segment it writes (see pkg/watermark), the
+	// I/O that checkpoints cost.
+	CheckpointWritten *prometheus.CounterVec
 	// CheckpointPause is each stop of a partition's processing to take a snapshot of
 	// its state: one per checkpoint with --exactly-once, and in the default mode
 	// the beginning and each ~1 ms step (the rest, flush, save and commit, runs
@@ -89,13 +93,16 @@ func New(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
 		}),
 		CheckpointBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "velocity_checkpoint_size_bytes", Help: "Size of the partition's last snapshot.",
+			Name: "velocity_checkpoint_size_bytes", Help: "Size of the partition's last snapshot (without the dedupe segments it lists).",
+		}, part),
+		CheckpointWritten: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "velocity_checkpoint_written_bytes_total", Help: "Bytes checkpoints wrote to the store: snapshots and the dedupe id segments they added.",
 		}, part),
 		CheckpointErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "velocity_checkpoint_errors_total", Help: "Snapshot saves that failed (the offset was not committed).",
 		}),
 		SnapshotFallbacks: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "velocity_snapshot_fallbacks_total", Help: "Restores that found the newest snapshot corrupt and used the previous one.",
+			Name: "velocity_snapshot_fallbacks_total", Help: "Restores that could not use the newest snapshot (corrupt, or a dedupe segment it lists unusable) and used the previous one, or rebuilt by a warm-up read.",
 		}),
 		SnapshotStepBacks: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "velocity_snapshot_stepbacks_total", Help: "Exactly-once restores whose newest snapshot was ahead of the committed transaction (a crash between save and commit), so the previous one was used.",
@@ -121,7 +128,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(
 		m.RecordsIn, m.Features, m.DeadLetters, m.LateApplied, m.ReorderBuffer, m.WatermarkLag,
-		m.Latency, m.Entities, m.EntitiesEvicted, m.CheckpointSeconds, m.CheckpointPause, m.CheckpointBytes,
+		m.Latency, m.Entities, m.EntitiesEvicted, m.CheckpointSeconds, m.CheckpointPause, m.CheckpointBytes, m.CheckpointWritten,
 		m.CheckpointErrors, m.SnapshotFallbacks, m.SnapshotStepBacks, m.TxnPartitionsLost, m.CommitErrors, m.ProduceErrors,
 		m.PausedPartitions, m.ConsumerLag, m.AssignedPartition,
 		collectors.NewGoCollector(),

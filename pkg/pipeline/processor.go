@@ -479,6 +479,10 @@ func (ps *PendingSnapshot) Finish() ([]byte, error) {
 	return buf, nil
 }
 
+// SegmentBytes is the size of the dedupe id segment Finish wrote to the store (0 if
+// none): with the snapshot's own bytes, what the checkpoint wrote.
+func (ps *PendingSnapshot) SegmentBytes() int { return ps.stage.SegmentBytes() }
+
 // Bytes returns the snapshot Finish returned (nil before), so that a caller can reuse
 // its buffer once done with it.
 func (ps *PendingSnapshot) Bytes() []byte {

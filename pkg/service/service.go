@@ -647,17 +647,26 @@ func (s *Service) restore(ctx context.Context, p int32, committed int64) (*pipel
 		}
 	}
 	proc, err := pipeline.Restore(cfg, snap.State)
-	if err != nil && !s.cfg.ExactlyOnce && loaded.Previous != nil {
-		// The newest does not restore (most likely a dedupe segment it lists
-		// is missing or damaged): the previous one is as good a start as after
-		// a corrupt newest frame; the records since are read again.
-		prevProc, prevErr := pipeline.Restore(cfg, loaded.Previous.State)
-		if prevErr == nil {
-			s.m.SnapshotFallbacks.Inc()
-			s.log.Warn("newest snapshot does not restore, restored the previous one",
-				zap.Int32("partition", p), zap.Int64("discarded_next", snap.Next), zap.Error(err))
-			return prevProc, loaded.Previous.Next, nil
+	if errors.Is(err, watermark.ErrSegment) {
+		// The snapshot is sound but a dedupe segment it lists is missing or
+		// damaged. The default mode falls back to the previous snapshot, as
+		// after a corrupt newest frame (the records since are read again).
+		// Exactly-once has only the snapshot of the committed transaction;
+		// it, and the default mode without a usable previous one, rebuild
+		// from the committed offset, as when there is no snapshot.
+		s.m.SnapshotFallbacks.Inc()
+		if !s.cfg.ExactlyOnce && loaded.Previous != nil && !loaded.FellBack {
+			prevProc, prevErr := pipeline.Restore(cfg, loaded.Previous.State)
+			if prevErr == nil {
+				s.log.Warn("a dedupe segment of the newest snapshot is unusable; restored the previous snapshot",
+					zap.Int32("partition", p), zap.Int64("discarded_next", snap.Next), zap.Error(err))
+				return prevProc, loaded.Previous.Next, nil
+			}
+			err = fmt.Errorf("%w; previous snapshot: %v", err, prevErr)
 		}
+		s.log.Warn("a dedupe segment of the snapshot is unusable and no other snapshot restores; rebuilding from the committed offset",
+			zap.Int32("partition", p), zap.Int64("committed", committed), zap.Bool("exactly_once", s.cfg.ExactlyOnce), zap.Error(err))
+		return s.rebuild(ctx, p, committed)
 	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("partition %d: restore snapshot: %w", p, err)

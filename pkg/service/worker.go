@@ -453,6 +453,7 @@ func (w *worker) checkpoint() error {
 		return fmt.Errorf("partition %d: %w", w.part, err)
 	}
 	w.snapBuf = state
+	w.s.m.CheckpointWritten.WithLabelValues(w.label).Add(float64(len(state) + ps.SegmentBytes()))
 	if err := w.s.cfg.Store.Save(ctx, w.s.key(w.part), checkpoint.Snapshot{Next: next, State: state}); err != nil {
 		w.s.m.CheckpointErrors.Inc()
 		return fmt.Errorf("partition %d: %w", w.part, err)
@@ -557,6 +558,7 @@ func (w *worker) advanceSweep(d time.Duration) {
 			return
 		}
 		w.s.m.CheckpointBytes.WithLabelValues(w.label).Set(float64(len(state)))
+		w.s.m.CheckpointWritten.WithLabelValues(w.label).Add(float64(len(state) + sw.snap.SegmentBytes()))
 		w.bgDone <- bgResult{snap: sw.snap, err: w.finishCheckpoint(sw.epoch, sw.next, state, sw.start)}
 	}()
 }

@@ -2,6 +2,7 @@ package watermark
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
 )
@@ -36,6 +37,11 @@ import (
 // and the previous one did not. Segment references are unique (the store adds
 // a nonce), so another instance writing the same partition (a zombie) never
 // overwrites ours; it may delete only segments its own snapshots listed.
+
+// ErrSegment marks a restore that failed because a segment the snapshot lists
+// could not be read or did not check out (the error also wraps the cause): the
+// snapshot itself was sound, so a caller may fall back to another.
+var ErrSegment = errors.New("dedupe segment unusable")
 
 // SegmentStore keeps one partition's id segments; pkg/service binds a
 // pkg/checkpoint store and a partition to it.
@@ -235,11 +241,11 @@ func (s *Stage) decodeSegmentList(r *reader) {
 	for i, g := range list {
 		blob, err := s.segments.GetSegment(g.ref)
 		if err != nil {
-			r.err = fmt.Errorf("read dedupe segment %d+%d: %w", g.first, g.count, err)
+			r.err = fmt.Errorf("%w: read segment %d+%d: %w", ErrSegment, g.first, g.count, err)
 			return
 		}
 		if blobs[i], err = decodeSegment(blob, g); err != nil {
-			r.err = err
+			r.err = fmt.Errorf("%w: segment %d+%d: %w", ErrSegment, g.first, g.count, err)
 			return
 		}
 		total += len(blobs[i]) / idEntryLen

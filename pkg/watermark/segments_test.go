@@ -235,8 +235,13 @@ func TestSegmentedRestoreFailures(t *testing.T) {
 			} else {
 				store.segs[ref] = c.segment
 			}
-			if _, err := Restore(c.cfg, snap); !errors.Is(err, c.want) {
+			_, err := Restore(c.cfg, snap)
+			if !errors.Is(err, c.want) {
 				t.Fatalf("restore: %v, want %v", err, c.want)
+			}
+			// A segment that cannot be used is told apart from a bad snapshot.
+			if fromStore := c.cfg.Segments != nil; errors.Is(err, ErrSegment) != fromStore {
+				t.Fatalf("restore: %v: ErrSegment %v, want %v", err, errors.Is(err, ErrSegment), fromStore)
 			}
 		})
 	}

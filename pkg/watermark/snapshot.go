@@ -163,6 +163,14 @@ func (s *Stage) BeginSnapshotWith(dst []byte, segmented bool) ([]byte, *PendingS
 	return dst, p
 }
 
+// SegmentBytes is the size of the dedupe segment Finish wrote (0 if none).
+func (p *PendingSnapshot) SegmentBytes() int {
+	if p == nil || p.plan == nil || !p.plan.write {
+		return 0
+	}
+	return len(p.segBuf)
+}
+
 // Size is at most how many bytes Finish appends.
 func (p *PendingSnapshot) Size() int {
 	switch {

@@ -1,0 +1,100 @@
+package service
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/velocity-consumer/velocity-consumer/internal/streamtest"
+	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
+)
+
+// losingStore is a file store that, once lose is set, has lost the dedupe
+// segment each partition wrote last: one the newest snapshot lists and the
+// previous one cannot.
+type losingStore struct {
+	*checkpoint.FileStore
+	mu   sync.Mutex
+	last map[checkpoint.Key][]byte
+	lose atomic.Bool
+	lost atomic.Int64 // reads of the lost segment
+	read atomic.Int64 // reads of other segments after the loss
+	puts atomic.Int64
+}
+
+func (s *losingStore) PutSegment(ctx context.Context, key checkpoint.Key, data []byte) ([]byte, error) {
+	ref, err := s.FileStore.PutSegment(ctx, key, data)
+	if err == nil {
+		s.puts.Add(1)
+		s.mu.Lock()
+		s.last[key] = ref
+		s.mu.Unlock()
+	}
+	return ref, err
+}
+
+func (s *losingStore) GetSegment(ctx context.Context, key checkpoint.Key, ref []byte) ([]byte, error) {
+	s.mu.Lock()
+	last := s.last[key]
+	s.mu.Unlock()
+	if s.lose.Load() && bytes.Equal(ref, last) {
+		s.lost.Add(1)
+		return nil, checkpoint.ErrNotFound
+	}
+	if s.lose.Load() {
+		s.read.Add(1)
+	}
+	return s.FileStore.GetSegment(ctx, key, ref)
+}
+
+// TestServiceRestartWithALostSegment: the service keeps its dedupe ids in
+// segments, and when a segment the newest snapshot lists is gone, a restart
+// still gives every output the oracle gives. The default mode resumes from
+// the previous snapshot (records after it are read again, as at least once
+// allows); exactly-once rebuilds from the committed offset, once each.
+func TestServiceRestartWithALostSegment(t *testing.T) {
+	for _, eos := range []bool{false, true} {
+		t.Run(fmt.Sprintf("exactly-once=%v", eos), func(t *testing.T) { testLostSegment(t, eos) })
+	}
+}
+
+func testLostSegment(t *testing.T, eos bool) {
+	const partitions = 2
+	brokers := newCluster(t, partitions)
+	st := streamtest.Generate(inTopic, 5, 2000, partitions)
+	fs, err := checkpoint.NewFileStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &losingStore{FileStore: fs, last: map[checkpoint.Key][]byte{}}
+	cfg := testConfig(t, brokers, store)
+	cfg.ExactlyOnce = eos
+	// Two snapshots at least, each with a segment of its own: one after the
+	// first 500 records (a background checkpoint: the interval is 200 ms),
+	// the newest after the next 500.
+	_, stop := startService(t, cfg)
+	produce(t, brokers, st.Records[:500])
+	readOutputs(t, brokers, 500, 30*time.Second)
+	time.Sleep(3 * cfg.CheckpointInterval)
+	produce(t, brokers, st.Records[500:1000])
+	readOutputs(t, brokers, 1000, 30*time.Second)
+	stop()
+	if store.puts.Load() == 0 {
+		t.Fatal("no dedupe segment was written: the snapshots do not use segments")
+	}
+	store.lose.Store(true)
+	produce(t, brokers, st.Records[1000:])
+	startService(t, cfg)
+	got := readOutputs(t, brokers, len(st.Records), 60*time.Second)
+	streamtest.Check(t, st, cfg.Specs, got, eos)
+	if store.lost.Load() == 0 {
+		t.Fatal("the restart never asked for the lost segment")
+	}
+	if !eos && store.read.Load() == 0 {
+		t.Fatal("the default mode rebuilt instead of restoring the previous snapshot, whose segments are all there")
+	}
+}
