@@ -10,7 +10,7 @@ import (
 type MemoryStore struct {
 	mu    sync.Mutex
 	snaps map[Key][2][]byte // newest, previous (framed)
-	segs  map[segKey][]byte // framed
+	segs  map[segKey]memSegment
 }
 
 // NewMemoryStore returns an empty store.

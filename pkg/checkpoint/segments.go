@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"time"
 )
 
 // SegmentStore is a Store that also keeps segments: immutable blobs beside a
@@ -32,10 +34,28 @@ type SegmentStore interface {
 	DeleteSegment(ctx context.Context, key Key, ref []byte) error
 }
 
+// SegmentLister is a SegmentStore that can list a partition's segments, so that
+// an owner can delete the ones no snapshot lists: left by a crash between
+// writing a segment and saving the snapshot that lists it, or by an owner that
+// released the partition. KafkaStore does not list (it would read the whole
+// chunk partition); there such a segment stays until the topic is deleted.
+type SegmentLister interface {
+	SegmentStore
+	ListSegments(ctx context.Context, key Key) ([]SegmentInfo, error)
+}
+
+// SegmentInfo describes one stored segment.
+type SegmentInfo struct {
+	Ref     []byte
+	Written time.Time
+}
+
 var (
-	_ SegmentStore = (*FileStore)(nil)
-	_ SegmentStore = (*MemoryStore)(nil)
-	_ SegmentStore = (*KafkaStore)(nil)
+	_ SegmentLister = (*FileStore)(nil)
+	_ SegmentLister = (*MemoryStore)(nil)
+	_ SegmentStore  = (*FileStore)(nil)
+	_ SegmentStore  = (*MemoryStore)(nil)
+	_ SegmentStore  = (*KafkaStore)(nil)
 )
 
 // FileStore segments are DIR/<group>/<topic>/<partition>.seg-<nonce>, where the
@@ -115,27 +135,63 @@ func (s *FileStore) DeleteSegment(_ context.Context, key Key, ref []byte) error 
 	return nil
 }
 
+// ListSegments implements SegmentLister.
+func (s *FileStore) ListSegments(_ context.Context, key Key) ([]SegmentInfo, error) {
+	dir, _, _ := s.paths(key)
+	prefix := strconv.Itoa(int(key.Partition)) + ".seg-"
+	names, err := filepath.Glob(filepath.Join(dir, prefix+"*"))
+	if err != nil {
+		return nil, err
+	}
+	var out []SegmentInfo
+	for _, name := range names {
+		ref := []byte(strings.TrimPrefix(filepath.Base(name), prefix))
+		if _, err := s.segmentPath(key, ref); err != nil {
+			continue // not a name PutSegment makes
+		}
+		fi, err := os.Stat(name)
+		if err != nil {
+			continue // deleted meanwhile
+		}
+		out = append(out, SegmentInfo{Ref: ref, Written: fi.ModTime()})
+	}
+	return out, nil
+}
+
 // PutSegment implements SegmentStore.
 func (s *MemoryStore) PutSegment(_ context.Context, key Key, data []byte) ([]byte, error) {
 	ref := fmt.Appendf(nil, "%016x", randomNonce())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.segs == nil {
-		s.segs = map[segKey][]byte{}
+		s.segs = map[segKey]memSegment{}
 	}
-	s.segs[segKey{key, string(ref)}] = Encode(Snapshot{State: data})
+	s.segs[segKey{key, string(ref)}] = memSegment{frame: Encode(Snapshot{State: data}), written: time.Now()}
 	return ref, nil
+}
+
+// ListSegments implements SegmentLister.
+func (s *MemoryStore) ListSegments(_ context.Context, key Key) ([]SegmentInfo, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []SegmentInfo
+	for k, seg := range s.segs {
+		if k.key == key {
+			out = append(out, SegmentInfo{Ref: []byte(k.ref), Written: seg.written})
+		}
+	}
+	return out, nil
 }
 
 // GetSegment implements SegmentStore.
 func (s *MemoryStore) GetSegment(_ context.Context, key Key, ref []byte) ([]byte, error) {
 	s.mu.Lock()
-	b, ok := s.segs[segKey{key, string(ref)}]
+	seg, ok := s.segs[segKey{key, string(ref)}]
 	s.mu.Unlock()
 	if !ok {
 		return nil, fmt.Errorf("segment %s of %s: %w", ref, key, ErrNotFound)
 	}
-	snap, err := Decode(b)
+	snap, err := Decode(seg.frame)
 	if err != nil {
 		return nil, fmt.Errorf("segment %s of %s: %w", ref, key, err)
 	}
@@ -160,6 +216,11 @@ func (s *MemoryStore) Segments() int {
 type segKey struct {
 	key Key
 	ref string
+}
+
+type memSegment struct {
+	frame   []byte
+	written time.Time
 }
 
 // KafkaStore segments are chunked like snapshots, in the key's chunk

@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"os"
+	"slices"
 	"testing"
+	"time"
 )
 
 // TestSegmentStores: every store keeps segments apart from snapshots and from
@@ -65,6 +67,23 @@ func TestSegmentStores(t *testing.T) {
 				got, err := st.GetSegment(ctx, key, want.ref)
 				if err != nil || !bytes.Equal(got, want.data) {
 					t.Fatalf("GetSegment: %d bytes, %v; want %d bytes", len(got), err, len(want.data))
+				}
+			}
+			if ls, ok := st.(SegmentLister); ok {
+				segs, err := ls.ListSegments(ctx, key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var refs []string
+				for _, sg := range segs {
+					refs = append(refs, string(sg.Ref))
+					if time.Since(sg.Written) > time.Minute || sg.Written.After(time.Now()) {
+						t.Fatalf("segment written at %v, not just now", sg.Written)
+					}
+				}
+				slices.Sort(refs)
+				if want := slices.Sorted(slices.Values([]string{string(a), string(b)})); !slices.Equal(refs, want) {
+					t.Fatalf("ListSegments = %q, want this partition's %q", refs, want)
 				}
 			}
 			if l := mustLoad(t, st, key); l.Next != 7 || string(l.State) != "snap" {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -97,4 +99,61 @@ func testLostSegment(t *testing.T, eos bool) {
 	if !eos && store.read.Load() == 0 {
 		t.Fatal("the default mode rebuilt instead of restoring the previous snapshot, whose segments are all there")
 	}
+}
+
+// TestServiceSweepsUnlistedSegments: at its first save an owner deletes the
+// partition's segments that no kept snapshot lists (a crashed owner's), but
+// not a young one (a checkpoint in progress may be about to list it), and
+// never its own.
+func TestServiceSweepsUnlistedSegments(t *testing.T) {
+	ctx := context.Background()
+	brokers := newCluster(t, 1)
+	dir := t.TempDir()
+	fs, err := checkpoint.NewFileStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t, brokers, fs)
+	key := checkpoint.Key{Group: cfg.Group, Topic: inTopic, Partition: 0}
+	orphan, err := fs.PutSegment(ctx, key, []byte("left by a crash"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	young, err := fs.PutSegment(ctx, key, []byte("being listed"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-2 * segmentSweepAge)
+	if err := os.Chtimes(filepath.Join(dir, cfg.Group, inTopic, "0.seg-"+string(orphan)), old, old); err != nil {
+		t.Fatal(err)
+	}
+	st := streamtest.Generate(inTopic, 6, 500, 1)
+	produce(t, brokers, st.Records)
+	_, stop := startService(t, cfg)
+	readOutputs(t, brokers, len(st.Records), 30*time.Second)
+	has := func(ref []byte) bool {
+		_, err := fs.GetSegment(ctx, key, ref)
+		return err == nil
+	}
+	for end := time.Now().Add(10 * time.Second); has(orphan) && time.Now().Before(end); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	stop()
+	if has(orphan) {
+		t.Fatal("an old segment no snapshot lists was not deleted")
+	}
+	if !has(young) {
+		t.Fatal("a young unlisted segment was deleted")
+	}
+	segs, err := fs.ListSegments(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(segs) < 2 {
+		t.Fatalf("%d segments left: the service's own are gone", len(segs))
+	}
+	// What the service listed is all there: a restart restores and carries on.
+	produce(t, brokers, streamtest.Generate(inTopic, 6, 600, 1).Records[500:])
+	startService(t, cfg)
+	readOutputs(t, brokers, 600, 30*time.Second)
 }

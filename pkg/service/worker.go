@@ -63,10 +63,11 @@ type worker struct {
 	backoff  time.Duration
 	holdErrs int
 
-	lastNext int64 // next offset at the last checkpoint
-	dirty    bool  // state changed since the last checkpoint
-	snapBuf  []byte
-	sweep    *sweep // a background checkpoint still taking its snapshot, or nil
+	lastNext  int64     // next offset at the last checkpoint
+	lastSweep time.Time // of unlisted dedupe segments (zero: not since the partition was assigned)
+	dirty     bool      // state changed since the last checkpoint
+	snapBuf   []byte
+	sweep     *sweep // a background checkpoint still taking its snapshot, or nil
 	// bgBusy is set while a background checkpoint (default mode) waits for
 	// its outputs, saves and commits; bgDone returns its buffer and error.
 	bgBusy    bool
@@ -459,6 +460,7 @@ func (w *worker) checkpoint() error {
 		return fmt.Errorf("partition %d: %w", w.part, err)
 	}
 	w.deleteSegments(w.proc.SnapshotSaved(ps))
+	w.sweepSegments()
 	w.s.m.CheckpointBytes.WithLabelValues(w.label).Set(float64(len(w.snapBuf)))
 	if w.txn != nil {
 		// The snapshot above is durable before this commit: a crash in
@@ -616,8 +618,58 @@ func (w *worker) backgroundDone(res bgResult) error {
 	w.snapBuf = res.snap.Bytes()[:0]
 	if res.err == nil {
 		w.deleteSegments(w.proc.SnapshotSaved(res.snap))
+		w.sweepSegments()
 	}
 	return res.err
+}
+
+// segmentSweepEvery is how often an owner looks for dedupe segments that no
+// snapshot lists; the first look is at its first save. segmentSweepAge spares
+// the young ones: a segment that a checkpoint in progress (ours, or a zombie
+// owner's) has written but not yet listed in a saved snapshot.
+const (
+	segmentSweepEvery = 10 * time.Minute
+	segmentSweepAge   = 10 * time.Minute
+)
+
+// sweepSegments deletes, off the partition goroutine, the partition's segments
+// that neither snapshot the store keeps lists: left by a crash between a
+// segment write and the save that would have listed it, or by the previous
+// owner. Call it on the partition goroutine after a save.
+func (w *worker) sweepSegments() {
+	ls, ok := w.s.cfg.Store.(checkpoint.SegmentLister)
+	if !ok || !w.lastSweep.IsZero() && time.Since(w.lastSweep) < segmentSweepEvery {
+		return
+	}
+	w.lastSweep = time.Now()
+	listed := map[string]bool{}
+	for _, ref := range w.proc.ListedSegments() {
+		listed[string(ref)] = true
+	}
+	key := w.s.key(w.part)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		segs, err := ls.ListSegments(ctx, key)
+		if err != nil {
+			w.s.log.Warn("cannot list dedupe segments to delete the unlisted ones", zap.Int32("partition", w.part), zap.Error(err))
+			return
+		}
+		n := 0
+		for _, sg := range segs {
+			if listed[string(sg.Ref)] || time.Since(sg.Written) < segmentSweepAge {
+				continue
+			}
+			if err := ls.DeleteSegment(ctx, key, sg.Ref); err != nil {
+				w.s.log.Warn("cannot delete an unlisted dedupe segment", zap.Int32("partition", w.part), zap.Error(err))
+				continue
+			}
+			n++
+		}
+		if n > 0 {
+			w.s.log.Info("deleted dedupe segments no snapshot lists", zap.Int32("partition", w.part), zap.Int("segments", n))
+		}
+	}()
 }
 
 // deleteSegments removes, off the partition goroutine, dedupe segments that no
