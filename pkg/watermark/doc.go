@@ -85,6 +85,14 @@
 // Stage goes on: FIFO entries are never rewritten while a view of them is open, so the
 // view stays exactly the ids of the moment BeginSnapshot ran.
 //
+// With Config.Segments, BeginSnapshot makes a segmented snapshot instead (version 2):
+// the ids accepted since the newest saved snapshot go to the store as one immutable
+// segment, and the snapshot lists the segments that hold the live ids, so that each id
+// is written a few times in its life instead of at every checkpoint. Restore of a
+// segmented snapshot gives exactly the Stage that restoring an AppendSnapshot image of
+// the same moment gives. See segments.go for the merge policy and the segments'
+// lifetime (SnapshotSaved).
+//
 // # What it is not for
 //
 // It knows nothing of Kafka, decoding, windows or entities (EntityID, Amount and Aux are
