@@ -163,12 +163,12 @@ func TestMetricsAddrLoopback(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cfg.Store.Close()
-	stop, err := serveHTTP(addr, reg, svc, zap.NewNop())
+	stop, err := serveHTTP(addr, reg, svc, zap.NewNop(), false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer stop()
-	for path, want := range map[string]int{"/metrics": 200, "/healthz": 200, "/readyz": 503} {
+	for path, want := range map[string]int{"/metrics": 200, "/healthz": 200, "/readyz": 503, "/debug/pprof/": 404} {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
 		resp, err := http.DefaultClient.Do(req)
@@ -182,7 +182,54 @@ func TestMetricsAddrLoopback(t *testing.T) {
 			t.Errorf("GET %s: %d, want %d", path, resp.StatusCode, want)
 		}
 	}
-	if _, err := serveHTTP(addr, reg, svc, zap.NewNop()); err == nil || !strings.Contains(err.Error(), "--metrics-addr") {
+	if _, err := serveHTTP(addr, reg, svc, zap.NewNop(), false); err == nil || !strings.Contains(err.Error(), "--metrics-addr") {
 		t.Fatalf("second bind of %s: %v, want an error naming --metrics-addr", addr, err)
+	}
+}
+
+// TestPprofServed: with --pprof the profiler's index and a heap profile answer
+// on the metrics address.
+func TestPprofServed(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	r, err := parseRun(t, nil, "--checkpoint-store", "memory", "--pprof")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.pprof {
+		t.Fatal("--pprof not parsed")
+	}
+	cfg, err := r.serviceConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cfg.Store.Close()
+	reg := prometheus.NewRegistry()
+	svc, err := service.New(cfg, zap.NewNop(), metrics.New(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, err := serveHTTP(addr, reg, svc, zap.NewNop(), r.pprof)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	for _, path := range []string{"/debug/pprof/", "/debug/pprof/heap", "/metrics"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		cancel()
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		io.Copy(io.Discard, resp.Body) //nolint:errcheck
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("GET %s: %d, want 200", path, resp.StatusCode)
+		}
 	}
 }

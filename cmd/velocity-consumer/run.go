@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"time"
 
@@ -26,7 +27,8 @@ routes every bad, late or duplicate record to --dlq-topic. Offsets are committed
 only after the partition's outputs are acknowledged and its state snapshot is
 durable. SIGINT/SIGTERM checkpoint every partition and leave the group.
 
-Serves Prometheus metrics on --metrics-addr at /metrics, and /healthz, /readyz.
+Serves Prometheus metrics on --metrics-addr at /metrics, and /healthz, /readyz
+(and Go's profiler at /debug/pprof/ with --pprof).
 They carry counts, sizes and latencies by partition or reason, never entity data.`
 
 type runFlags struct {
@@ -34,6 +36,7 @@ type runFlags struct {
 	store                              string
 	interval                           time.Duration
 	metricsAddr                        string
+	pprof                              bool
 	logLevel, logFormat                string
 	maxPendingBytes                    int64
 	producers                          int
@@ -54,6 +57,7 @@ func (r *runFlags) register(e *envFlags) {
 	e.String(&r.store, "checkpoint-store", "file://./velocity-state", "where partition snapshots live: file://DIR (one machine), kafka or kafka://TOPIC (a compacted topic, default __velocity-snapshots-<group>; partitions can move between instances) or memory (state lost on restart)")
 	e.Duration(&r.interval, "checkpoint-interval", 5*time.Second, "how often each partition flushes, snapshots and commits")
 	e.String(&r.metricsAddr, "metrics-addr", ":9090", "listen address for /metrics, /healthz and /readyz, e.g. 127.0.0.1:9090 for loopback only (empty disables; they carry no entity data)")
+	e.Bool(&r.pprof, "pprof", false, "also serve Go's profiler at /debug/pprof/ on --metrics-addr (CPU, heap and goroutine profiles, which show code, not data; serve it only where operators alone can reach it)")
 	e.String(&r.logLevel, "log-level", "info", "debug, info, warn or error")
 	e.String(&r.logFormat, "log-format", "json", "json or console")
 	e.Int64(&r.maxPendingBytes, "max-pending-bytes", 32<<20, "per partition: pause fetching while this many produced bytes await acknowledgement")
@@ -160,7 +164,7 @@ func cmdRun(ctx context.Context, args []string) error {
 		return err
 	}
 	if r.metricsAddr != "" {
-		stop, err := serveHTTP(r.metricsAddr, reg, svc, log)
+		stop, err := serveHTTP(r.metricsAddr, reg, svc, log, r.pprof)
 		if err != nil {
 			return err
 		}
@@ -192,8 +196,9 @@ func (r *runFlags) useRegistry(ctx context.Context, cfg *service.Config, log *za
 	return nil
 }
 
-// serveHTTP serves /metrics, /healthz and /readyz until stop is called.
-func serveHTTP(addr string, reg *prometheus.Registry, svc *service.Service, log *zap.Logger) (stop func(), err error) {
+// serveHTTP serves /metrics, /healthz and /readyz (and with profiling,
+// /debug/pprof/) until stop is called.
+func serveHTTP(addr string, reg *prometheus.Registry, svc *service.Service, log *zap.Logger, profiling bool) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("--metrics-addr (VELOCITY_METRICS_ADDR) %s: %w", addr, err)
@@ -214,6 +219,13 @@ func serveHTTP(addr string, reg *prometheus.Registry, svc *service.Service, log 
 		}
 		fmt.Fprintln(w, "ready")
 	})
+	if profiling {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
