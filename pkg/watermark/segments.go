@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"slices"
 )
 
 // Segmented snapshots: the dedupe ids written once, not at every checkpoint.
@@ -154,6 +155,9 @@ func encodeSegment(dst []byte, v *idView, base, from uint64) []byte {
 	dst = binary.LittleEndian.AppendUint64(dst, from)
 	n := uint64(v.n) - (from - base)
 	dst = binary.LittleEndian.AppendUint64(dst, n)
+	// One allocation of the exact size, not a chain of doublings: a merged
+	// segment is tens of MB, and the buffer is kept for the next one.
+	dst = slices.Grow(dst, int(n)*idEntryLen+crcLen)
 	for i := int(from - base); i < v.n; i++ {
 		dst = appendID(dst, v.at(i))
 	}
