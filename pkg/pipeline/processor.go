@@ -551,6 +551,23 @@ func Restore(cfg Config, data []byte) (*Processor, error) {
 	return p, nil
 }
 
+// SegmentRefs returns the dedupe segments a snapshot made by a Processor lists
+// (see watermark.SegmentRefs), without reading them.
+func SegmentRefs(data []byte) ([][]byte, error) {
+	if len(data) < 4+8+8 || [4]byte(data[:4]) != snapMagic {
+		return nil, errors.New("pipeline snapshot: bad header")
+	}
+	stageBytes, _, err := section(data[20:])
+	if err != nil {
+		return nil, fmt.Errorf("pipeline snapshot: watermark section: %w", err)
+	}
+	refs, err := watermark.SegmentRefs(stageBytes)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline snapshot: %w", err)
+	}
+	return refs, nil
+}
+
 func section(b []byte) (sec, rest []byte, err error) {
 	if len(b) < 8 {
 		return nil, nil, errors.New("truncated length")

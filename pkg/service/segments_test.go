@@ -157,3 +157,70 @@ func TestServiceSweepsUnlistedSegments(t *testing.T) {
 	startService(t, cfg)
 	readOutputs(t, brokers, 600, 30*time.Second)
 }
+
+// TestSweepKeepsWhatTheStoreLists: a sweep by an instance whose own state lists
+// none of the partition's segments (one that was frozen past its session and
+// thawed, while another owner saved) deletes only segments that no snapshot in
+// the store lists, however old the listed ones are.
+func TestSweepKeepsWhatTheStoreLists(t *testing.T) {
+	ctx := context.Background()
+	brokers := newCluster(t, 1)
+	dir := t.TempDir()
+	fs, err := checkpoint.NewFileStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t, brokers, fs)
+	key := checkpoint.Key{Group: cfg.Group, Topic: inTopic, Partition: 0}
+	// The other owner's run: several checkpoints, so its snapshots list segments.
+	st := streamtest.Generate(inTopic, 7, 1500, 1)
+	_, stop := startService(t, cfg)
+	for i := 0; i < len(st.Records); i += 500 {
+		produce(t, brokers, st.Records[i:i+500])
+		readOutputs(t, brokers, i+500, 30*time.Second)
+		time.Sleep(3 * cfg.CheckpointInterval)
+	}
+	stop()
+	orphan, err := fs.PutSegment(ctx, key, []byte("left by a crash"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := map[string]bool{}
+	if err := storeListed(ctx, fs, key, stored); err != nil {
+		t.Fatal(err)
+	}
+	if len(stored) == 0 {
+		t.Fatal("the stored snapshots list no segment")
+	}
+	// Much later, by the sweeper's clock: every segment is old.
+	later := time.Now().Add(24 * time.Hour)
+	n, err := sweepUnlisted(ctx, fs, key, map[string]bool{}, later)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fs.GetSegment(ctx, key, orphan); err == nil {
+		t.Fatal("the unlisted old segment was kept")
+	}
+	for ref := range stored {
+		if _, err := fs.GetSegment(ctx, key, []byte(ref)); err != nil {
+			t.Fatalf("segment %s, listed by a stored snapshot, was deleted: %v", ref, err)
+		}
+	}
+	t.Logf("deleted %d, kept the %d the stored snapshots list", n, len(stored))
+	// A newest snapshot that cannot be read stops the sweep: nothing is deleted.
+	snapPath := filepath.Join(dir, cfg.Group, inTopic, "0.snap")
+	b, err := os.ReadFile(snapPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 1
+	if err := os.WriteFile(snapPath, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fs.PutSegment(ctx, key, []byte("another")); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := sweepUnlisted(ctx, fs, key, map[string]bool{}, later); err == nil || n != 0 {
+		t.Fatalf("sweep over a damaged newest snapshot: %d deleted, err %v; want none and an error", n, err)
+	}
+}

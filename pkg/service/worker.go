@@ -636,6 +636,13 @@ const (
 // that neither snapshot the store keeps lists: left by a crash between a
 // segment write and the save that would have listed it, or by the previous
 // owner. Call it on the partition goroutine after a save.
+//
+// What the store's snapshots list is read from the store, not taken from our
+// own state: an instance that was frozen past its session (a zombie) and
+// sweeps when it thaws must not delete what the partition's new owner listed.
+// A segment listed by a snapshot saved after that read is either listed by one
+// read or younger than segmentSweepAge, since each snapshot lists what the one
+// before it did plus at most one new segment.
 func (w *worker) sweepSegments() {
 	ls, ok := w.s.cfg.Store.(checkpoint.SegmentLister)
 	if !ok || !w.lastSweep.IsZero() && time.Since(w.lastSweep) < segmentSweepEvery {
@@ -650,26 +657,64 @@ func (w *worker) sweepSegments() {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		segs, err := ls.ListSegments(ctx, key)
+		n, err := sweepUnlisted(ctx, ls, key, listed, time.Now())
 		if err != nil {
-			w.s.log.Warn("cannot list dedupe segments to delete the unlisted ones", zap.Int32("partition", w.part), zap.Error(err))
-			return
-		}
-		n := 0
-		for _, sg := range segs {
-			if listed[string(sg.Ref)] || time.Since(sg.Written) < segmentSweepAge {
-				continue
-			}
-			if err := ls.DeleteSegment(ctx, key, sg.Ref); err != nil {
-				w.s.log.Warn("cannot delete an unlisted dedupe segment", zap.Int32("partition", w.part), zap.Error(err))
-				continue
-			}
-			n++
+			w.s.log.Warn("dedupe segment sweep stopped; unlisted segments stay as garbage", zap.Int32("partition", w.part), zap.Error(err))
 		}
 		if n > 0 {
 			w.s.log.Info("deleted dedupe segments no snapshot lists", zap.Int32("partition", w.part), zap.Int("segments", n))
 		}
 	}()
+}
+
+// sweepUnlisted deletes key's segments older than segmentSweepAge at now that
+// neither listed nor the store's kept snapshots list, and returns how many.
+func sweepUnlisted(ctx context.Context, ls checkpoint.SegmentLister, key checkpoint.Key, listed map[string]bool, now time.Time) (int, error) {
+	if err := storeListed(ctx, ls, key, listed); err != nil {
+		return 0, fmt.Errorf("cannot tell which segments the stored snapshots list: %w", err)
+	}
+	segs, err := ls.ListSegments(ctx, key)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, sg := range segs {
+		if listed[string(sg.Ref)] || now.Sub(sg.Written) < segmentSweepAge {
+			continue
+		}
+		if err := ls.DeleteSegment(ctx, key, sg.Ref); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
+}
+
+// storeListed adds to listed the segments that the snapshots the store keeps
+// for key list. A snapshot it cannot read or parse is an error: the caller
+// then deletes nothing.
+func storeListed(ctx context.Context, st checkpoint.Store, key checkpoint.Key, listed map[string]bool) error {
+	loaded, err := st.Load(ctx, key)
+	if err != nil {
+		return err
+	}
+	if loaded.FellBack {
+		return fmt.Errorf("newest snapshot unreadable: %w", loaded.CorruptErr)
+	}
+	states := [][]byte{loaded.State}
+	if loaded.Previous != nil {
+		states = append(states, loaded.Previous.State)
+	}
+	for _, state := range states {
+		refs, err := pipeline.SegmentRefs(state)
+		if err != nil {
+			return err
+		}
+		for _, ref := range refs {
+			listed[string(ref)] = true
+		}
+	}
+	return nil
 }
 
 // deleteSegments removes, off the partition goroutine, dedupe segments that no

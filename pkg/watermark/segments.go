@@ -310,3 +310,18 @@ func (s *Stage) ListedSegments() [][]byte {
 	}
 	return append(out, s.segGarbage...)
 }
+
+// SegmentRefs returns the segments a stage snapshot (AppendSnapshot's or a
+// segmented one) lists, without reading them: none for version 1.
+func SegmentRefs(data []byte) ([][]byte, error) {
+	// With dedupe off, Restore checks and parses the list but reads no segment.
+	st, err := Restore(Config{DisableDedupe: true}, data)
+	if err != nil {
+		return nil, err
+	}
+	refs := make([][]byte, 0, len(st.segSaved))
+	for _, g := range st.segSaved {
+		refs = append(refs, g.ref)
+	}
+	return refs, nil
+}
