@@ -174,6 +174,12 @@ type Service struct {
 	cons  *kgo.Client
 	adm   *kadm.Client
 	sinks []*sink.Sink // one per producer client; partition p uses sinks[p mod len]
+	// setUp is closed once Run has set cons and adm and checked the topics,
+	// or has given up (setUpErr). The group's callbacks wait for it: the
+	// client starts joining inside kgo.NewClient, and an assignment could
+	// otherwise arrive before s.cons is even set.
+	setUp    chan struct{}
+	setUpErr error
 
 	mu      sync.Mutex
 	workers map[int32]*worker
@@ -208,7 +214,8 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Service, error) {
 			return nil, fmt.Errorf("service: writer schema: %w", err)
 		}
 	}
-	return &Service{cfg: cfg, log: log, m: m, dec: dec, workers: make(map[int32]*worker), txnLost: make(map[int32]time.Time)}, nil
+	return &Service{cfg: cfg, log: log, m: m, dec: dec, workers: make(map[int32]*worker), txnLost: make(map[int32]time.Time),
+		setUp: make(chan struct{})}, nil
 }
 
 // Ready reports whether the service reached the cluster and is consuming as a
@@ -276,8 +283,17 @@ func (s *Service) Run(ctx context.Context) error {
 	if st := s.cfg.SessionTimeout; st > 0 {
 		copts = append(copts, kgo.SessionTimeout(st), kgo.HeartbeatInterval(min(3*time.Second, st/3)))
 	}
+	// giveUp releases the group's callbacks before Close, which waits for them.
+	giveUp := func(err error) error {
+		s.setUpErr = err
+		close(s.setUp)
+		if s.cons != nil {
+			s.cons.Close()
+		}
+		return err
+	}
 	if s.cons, err = kgo.NewClient(copts...); err != nil {
-		return fmt.Errorf("create consumer: %w", err)
+		return giveUp(fmt.Errorf("create consumer: %w", err))
 	}
 	s.adm = kadm.NewClient(s.cons)
 	// Verify the cluster answers before declaring readiness, so a wrong
@@ -286,13 +302,12 @@ func (s *Service) Run(ctx context.Context) error {
 	err = s.cons.Ping(pingCtx)
 	pingCancel()
 	if err != nil {
-		s.cons.Close()
-		return fmt.Errorf("reach brokers %v: %w (check --brokers and that the cluster is up)", s.cfg.Brokers, err)
+		return giveUp(fmt.Errorf("reach brokers %v: %w (check --brokers and that the cluster is up)", s.cfg.Brokers, err))
 	}
 	if err := s.checkTopics(ctx); err != nil {
-		s.cons.Close()
-		return err
+		return giveUp(err)
 	}
+	close(s.setUp)
 	s.log.Info("consuming", zap.String("group", s.cfg.Group), zap.String("input", s.cfg.InputTopic),
 		zap.String("output", s.cfg.OutputTopic), zap.String("dlq", s.cfg.DLQTopic), zap.Bool("exactly_once", s.cfg.ExactlyOnce))
 
@@ -439,6 +454,9 @@ func (ps partitionSegments) GetSegment(ref []byte) ([]byte, error) {
 // offsets were fetched: restore each partition's state and start fetching at
 // the snapshot's offset.
 func (s *Service) assigned(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	if err := s.waitSetUp(ctx); err != nil {
+		return nil, err
+	}
 	parts := offsets[s.cfg.InputTopic]
 	for p, o := range parts {
 		next, err := s.acquire(ctx, p, o.EpochOffset().Offset)
@@ -725,12 +743,27 @@ func (s *Service) numWorkers() int {
 	return len(s.workers)
 }
 
-func (s *Service) revoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
-	s.stopPartitions(revoked[s.cfg.InputTopic], true)
+func (s *Service) revoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	if s.waitSetUp(ctx) == nil {
+		s.stopPartitions(revoked[s.cfg.InputTopic], true)
+	}
 }
 
-func (s *Service) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
-	s.stopPartitions(lost[s.cfg.InputTopic], false)
+func (s *Service) lost(ctx context.Context, _ *kgo.Client, lost map[string][]int32) {
+	if s.waitSetUp(ctx) == nil {
+		s.stopPartitions(lost[s.cfg.InputTopic], false)
+	}
+}
+
+// waitSetUp holds a group callback until Run has finished setting up (see
+// Service.setUp), and fails it if Run gave up.
+func (s *Service) waitSetUp(ctx context.Context) error {
+	select {
+	case <-s.setUp:
+		return s.setUpErr
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func (s *Service) stopPartitions(parts []int32, commit bool) {
