@@ -169,17 +169,8 @@ func TestMetricsAddrLoopback(t *testing.T) {
 	}
 	defer stop()
 	for path, want := range map[string]int{"/metrics": 200, "/healthz": 200, "/readyz": 503, "/debug/pprof/": 404} {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
-		resp, err := http.DefaultClient.Do(req)
-		cancel()
-		if err != nil {
-			t.Fatalf("GET %s: %v", path, err)
-		}
-		io.Copy(io.Discard, resp.Body) //nolint:errcheck
-		resp.Body.Close()
-		if resp.StatusCode != want {
-			t.Errorf("GET %s: %d, want %d", path, resp.StatusCode, want)
+		if got := httpStatus(t, addr, path); got != want {
+			t.Errorf("GET %s: %d, want %d", path, got, want)
 		}
 	}
 	if _, err := serveHTTP(addr, reg, svc, zap.NewNop(), false); err == nil || !strings.Contains(err.Error(), "--metrics-addr") {
@@ -219,17 +210,23 @@ func TestPprofServed(t *testing.T) {
 	}
 	defer stop()
 	for _, path := range []string{"/debug/pprof/", "/debug/pprof/heap", "/metrics"} {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
-		resp, err := http.DefaultClient.Do(req)
-		cancel()
-		if err != nil {
-			t.Fatalf("GET %s: %v", path, err)
-		}
-		io.Copy(io.Discard, resp.Body) //nolint:errcheck
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Errorf("GET %s: %d, want 200", path, resp.StatusCode)
+		if got := httpStatus(t, addr, path); got != http.StatusOK {
+			t.Errorf("GET %s: %d, want 200", path, got)
 		}
 	}
+}
+
+// httpStatus GETs path from addr and returns the status code.
+func httpStatus(t *testing.T, addr, path string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	io.Copy(io.Discard, resp.Body) //nolint:errcheck
+	resp.Body.Close()
+	return resp.StatusCode
 }

@@ -107,14 +107,7 @@ func testLostSegment(t *testing.T, eos bool) {
 // never its own.
 func TestServiceSweepsUnlistedSegments(t *testing.T) {
 	ctx := context.Background()
-	brokers := newCluster(t, 1)
-	dir := t.TempDir()
-	fs, err := checkpoint.NewFileStore(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := testConfig(t, brokers, fs)
-	key := checkpoint.Key{Group: cfg.Group, Topic: inTopic, Partition: 0}
+	brokers, dir, fs, cfg, key := fileStoreSetup(t)
 	orphan, err := fs.PutSegment(ctx, key, []byte("left by a crash"))
 	if err != nil {
 		t.Fatal(err)
@@ -164,14 +157,7 @@ func TestServiceSweepsUnlistedSegments(t *testing.T) {
 // the store lists, however old the listed ones are.
 func TestSweepKeepsWhatTheStoreLists(t *testing.T) {
 	ctx := context.Background()
-	brokers := newCluster(t, 1)
-	dir := t.TempDir()
-	fs, err := checkpoint.NewFileStore(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := testConfig(t, brokers, fs)
-	key := checkpoint.Key{Group: cfg.Group, Topic: inTopic, Partition: 0}
+	brokers, dir, fs, cfg, key := fileStoreSetup(t)
 	// The other owner's run: several checkpoints, so its snapshots list segments.
 	st := streamtest.Generate(inTopic, 7, 1500, 1)
 	_, stop := startService(t, cfg)
@@ -223,4 +209,18 @@ func TestSweepKeepsWhatTheStoreLists(t *testing.T) {
 	if n, err := sweepUnlisted(ctx, fs, key, map[string]bool{}, later); err == nil || n != 0 {
 		t.Fatalf("sweep over a damaged newest snapshot: %d deleted, err %v; want none and an error", n, err)
 	}
+}
+
+// fileStoreSetup is a one-partition cluster and a service configuration on a
+// file store, with the store's directory and partition 0's key.
+func fileStoreSetup(t *testing.T) ([]string, string, *checkpoint.FileStore, Config, checkpoint.Key) {
+	t.Helper()
+	brokers := newCluster(t, 1)
+	dir := t.TempDir()
+	fs, err := checkpoint.NewFileStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t, brokers, fs)
+	return brokers, dir, fs, cfg, checkpoint.Key{Group: cfg.Group, Topic: inTopic, Partition: 0}
 }

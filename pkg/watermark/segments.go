@@ -261,19 +261,12 @@ func (s *Stage) decodeSegmentList(r *reader) {
 			b := ids[j*idEntryLen:]
 			k := idKey{hi: binary.LittleEndian.Uint64(b), lo: binary.LittleEndian.Uint64(b[8:])}
 			t := int64(binary.LittleEndian.Uint64(b[16:]))
-			if k == (idKey{}) {
-				r.fail("zero id hash in a segment")
+			if g.first+j < base && k != (idKey{}) {
+				continue // popped before the snapshot: not in the set
+			}
+			if !s.restoreID(r, k, t) {
 				return
 			}
-			if g.first+j < base || !s.live(t) {
-				continue
-			}
-			if _, dup := s.ids.get(k); dup {
-				r.fail("id %016x%016x appears twice", k.hi, k.lo)
-				return
-			}
-			s.ids.set(k, t)
-			s.ring.push(idEntry{k: k, t: t})
 		}
 	}
 }

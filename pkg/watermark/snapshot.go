@@ -238,6 +238,27 @@ func (s *Stage) EndSnapshot(p *PendingSnapshot) {
 	}
 }
 
+// restoreID keeps a restored id if it is live, and reports false (with r
+// failed) for one no snapshot can hold: the zero hash, or an id twice.
+// Expired ids are dropped: they can influence nothing, so a repeat among
+// them is harmless.
+func (s *Stage) restoreID(r *reader, k idKey, t int64) bool {
+	if k == (idKey{}) {
+		r.fail("zero id hash")
+		return false
+	}
+	if !s.dedupe || !s.live(t) {
+		return true
+	}
+	if _, dup := s.ids.get(k); dup {
+		r.fail("id %016x%016x appears twice", k.hi, k.lo)
+		return false
+	}
+	s.ids.set(k, t)
+	s.ring.push(idEntry{k: k, t: t})
+	return true
+}
+
 func appendID(dst []byte, e idEntry) []byte {
 	dst = binary.LittleEndian.AppendUint64(dst, e.k.hi)
 	dst = binary.LittleEndian.AppendUint64(dst, e.k.lo)
@@ -414,19 +435,9 @@ func (s *Stage) decode(b []byte, version byte) error {
 	for range ni {
 		k := idKey{hi: r.u64("id hash"), lo: r.u64("id hash")}
 		t := int64(r.u64("id time"))
-		if k == (idKey{}) {
-			r.fail("zero id hash")
+		if r.err != nil || !s.restoreID(r, k, t) {
 			break
 		}
-		if !s.dedupe || !s.live(t) {
-			continue
-		}
-		if _, dup := s.ids.get(k); dup {
-			r.fail("id %016x%016x appears twice", k.hi, k.lo)
-			break
-		}
-		s.ids.set(k, t)
-		s.ring.push(idEntry{k: k, t: t})
 	}
 	if r.err != nil {
 		return r.err
