@@ -447,13 +447,12 @@ func (w *worker) checkpoint() error {
 	ps.Step(math.MaxInt)
 	state, err := ps.Finish()
 	w.proc.EndSnapshot(ps)
-	w.snapBuf = ps.Bytes()[:0]
+	w.snapBuf = ps.Bytes() // the next snapshot reuses the buffer
 	w.s.m.CheckpointPause.Observe(time.Since(snapStart).Seconds())
 	if err != nil {
 		w.s.m.CheckpointErrors.Inc()
 		return fmt.Errorf("partition %d: %w", w.part, err)
 	}
-	w.snapBuf = state
 	w.s.m.CheckpointWritten.WithLabelValues(w.label).Add(float64(len(state) + ps.SegmentBytes()))
 	if err := w.s.cfg.Store.Save(ctx, w.s.key(w.part), checkpoint.Snapshot{Next: next, State: state}); err != nil {
 		w.s.m.CheckpointErrors.Inc()
