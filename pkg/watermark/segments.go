@@ -8,7 +8,7 @@ import (
 	"slices"
 )
 
-// Segmented snapshots: the dedupe ids written once, not at every checkpoint.
+// Segmented snapshots: each dedupe id written a few times, not at every checkpoint.
 //
 // At a 24 h horizon the id list is nearly all of a snapshot's bytes, and a
 // checkpoint every few seconds rewrote all of it although only the ids accepted
