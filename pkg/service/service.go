@@ -180,6 +180,9 @@ type Service struct {
 	// otherwise arrive before s.cons is even set.
 	setUp    chan struct{}
 	setUpErr error
+	// beforeSetUp, when set (tests), runs after the consumer client is
+	// created and before Run records it: it widens the window setUp closes.
+	beforeSetUp func()
 
 	mu      sync.Mutex
 	workers map[int32]*worker
@@ -292,10 +295,14 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	if s.cons, err = kgo.NewClient(copts...); err != nil {
+	cons, err := kgo.NewClient(copts...)
+	if err != nil {
 		return giveUp(fmt.Errorf("create consumer: %w", err))
 	}
-	s.adm = kadm.NewClient(s.cons)
+	if s.beforeSetUp != nil {
+		s.beforeSetUp()
+	}
+	s.cons, s.adm = cons, kadm.NewClient(cons)
 	// Verify the cluster answers before declaring readiness, so a wrong
 	// --brokers fails fast with a clear message instead of retrying forever.
 	pingCtx, pingCancel := context.WithTimeout(ctx, 30*time.Second)

@@ -325,3 +325,30 @@ func TestServicePausedPartitionComesBackUnpaused(t *testing.T) {
 	got := readOutputs(t, brokers, len(st.Records), 30*time.Second)
 	streamtest.Check(t, st, cfgA.Specs, got, false)
 }
+
+// TestServiceAssignmentBeforeSetUp: the group may assign partitions while Run
+// is still setting up (franz-go joins inside kgo.NewClient). The assignment
+// waits for the set-up instead of using a consumer that is not recorded yet.
+func TestServiceAssignmentBeforeSetUp(t *testing.T) {
+	const partitions = 2
+	brokers := newCluster(t, partitions)
+	st := streamtest.Generate(inTopic, 8, 400, partitions)
+	produce(t, brokers, st.Records)
+	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
+	svc, err := New(cfg, zaptest.NewLogger(t), metrics.New(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Long enough for the in-process broker to finish the join and the
+	// offset fetch: the assignment arrives inside this window.
+	svc.beforeSetUp = func() { time.Sleep(time.Second) }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	got := readOutputs(t, brokers, len(st.Records), 30*time.Second)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	streamtest.Check(t, st, cfg.Specs, got, true)
+}
