@@ -124,3 +124,46 @@ func BenchmarkSnapshot(b *testing.B) {
 		buf = s.AppendSnapshot(buf[:0])
 	}
 }
+
+// BenchmarkRestoreIDs restores a stage holding 1 M dedupe ids from an inline
+// (version 1) snapshot and from a segmented one whose ids sit in the segments
+// 16 checkpoints left behind (read from memory, so this is the decoding cost).
+func BenchmarkRestoreIDs(b *testing.B) {
+	const ids, checkpoints = 1 << 20, 16
+	store := newMemSegments()
+	cfg := Config{DedupeHorizon: 1 << 40, Segments: store}
+	s := mustNew(b, cfg)
+	var seg []byte
+	var out []Event
+	for i := range ids {
+		s.Offer(Event{Offset: int64(i), EventTime: int64(i), EventID: fmt.Sprintf("id-%d", i), EntityID: "x"})
+		out = s.Ready(out[:0]) // lateness 0: released at once, so both snapshots hold only ids
+		if (i+1)%(ids/checkpoints) == 0 {
+			buf, p := s.BeginSnapshot(nil)
+			var err error
+			if seg, err = p.Finish(buf, 0); err != nil {
+				b.Fatal(err)
+			}
+			s.EndSnapshot(p)
+			store.delete(s.SnapshotSaved(p))
+		}
+	}
+	inline := s.AppendSnapshot(nil)
+	for _, c := range []struct {
+		name string
+		data []byte
+	}{{"inline", inline}, {"segmented", seg}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				st, err := Restore(cfg, c.data)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if st.ids.len() != ids {
+					b.Fatalf("%d ids restored, want %d", st.ids.len(), ids)
+				}
+			}
+		})
+	}
+}
