@@ -53,8 +53,6 @@ type SegmentInfo struct {
 var (
 	_ SegmentLister = (*FileStore)(nil)
 	_ SegmentLister = (*MemoryStore)(nil)
-	_ SegmentStore  = (*FileStore)(nil)
-	_ SegmentStore  = (*MemoryStore)(nil)
 	_ SegmentStore  = (*KafkaStore)(nil)
 )
 
@@ -204,13 +202,6 @@ func (s *MemoryStore) DeleteSegment(_ context.Context, key Key, ref []byte) erro
 	delete(s.segs, segKey{key, string(ref)})
 	s.mu.Unlock()
 	return nil
-}
-
-// Segments reports how many segments the store holds (for tests).
-func (s *MemoryStore) Segments() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.segs)
 }
 
 type segKey struct {

@@ -508,10 +508,6 @@ func (p *Processor) SnapshotSaved(ps *PendingSnapshot) [][]byte {
 	return p.stage.SnapshotSaved(ps.stage)
 }
 
-// ListedSegments returns the dedupe segments the two newest saved snapshots list
-// (see watermark.Stage.ListedSegments).
-func (p *Processor) ListedSegments() [][]byte { return p.stage.ListedSegments() }
-
 // Restore builds a Processor from a snapshot made by AppendSnapshot with the same
 // configuration. A snapshot that does not decode is an error, never half-loaded.
 func Restore(cfg Config, data []byte) (*Processor, error) {

@@ -171,8 +171,8 @@ func TestSweepKeepsWhatTheStoreLists(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stored := map[string]bool{}
-	if err := storeListed(ctx, fs, key, stored); err != nil {
+	stored, err := storeListed(ctx, fs, key)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if len(stored) == 0 {
@@ -180,7 +180,7 @@ func TestSweepKeepsWhatTheStoreLists(t *testing.T) {
 	}
 	// Much later, by the sweeper's clock: every segment is old.
 	later := time.Now().Add(24 * time.Hour)
-	n, err := sweepUnlisted(ctx, fs, key, map[string]bool{}, later)
+	n, err := sweepUnlisted(ctx, fs, key, later)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +206,7 @@ func TestSweepKeepsWhatTheStoreLists(t *testing.T) {
 	if _, err := fs.PutSegment(ctx, key, []byte("another")); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := sweepUnlisted(ctx, fs, key, map[string]bool{}, later); err == nil || n != 0 {
+	if n, err := sweepUnlisted(ctx, fs, key, later); err == nil || n != 0 {
 		t.Fatalf("sweep over a damaged newest snapshot: %d deleted, err %v; want none and an error", n, err)
 	}
 }

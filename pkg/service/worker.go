@@ -648,15 +648,11 @@ func (w *worker) sweepSegments() {
 		return
 	}
 	w.lastSweep = time.Now()
-	listed := map[string]bool{}
-	for _, ref := range w.proc.ListedSegments() {
-		listed[string(ref)] = true
-	}
 	key := w.s.key(w.part)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		n, err := sweepUnlisted(ctx, ls, key, listed, time.Now())
+		n, err := sweepUnlisted(ctx, ls, key, time.Now())
 		if err != nil {
 			w.s.log.Warn("dedupe segment sweep stopped; unlisted segments stay as garbage", zap.Int32("partition", w.part), zap.Error(err))
 		}
@@ -667,9 +663,10 @@ func (w *worker) sweepSegments() {
 }
 
 // sweepUnlisted deletes key's segments older than segmentSweepAge at now that
-// neither listed nor the store's kept snapshots list, and returns how many.
-func sweepUnlisted(ctx context.Context, ls checkpoint.SegmentLister, key checkpoint.Key, listed map[string]bool, now time.Time) (int, error) {
-	if err := storeListed(ctx, ls, key, listed); err != nil {
+// none of the store's kept snapshots lists, and returns how many.
+func sweepUnlisted(ctx context.Context, ls checkpoint.SegmentLister, key checkpoint.Key, now time.Time) (int, error) {
+	listed, err := storeListed(ctx, ls, key)
+	if err != nil {
 		return 0, fmt.Errorf("cannot tell which segments the stored snapshots list: %w", err)
 	}
 	segs, err := ls.ListSegments(ctx, key)
@@ -689,17 +686,18 @@ func sweepUnlisted(ctx context.Context, ls checkpoint.SegmentLister, key checkpo
 	return n, nil
 }
 
-// storeListed adds to listed the segments that the snapshots the store keeps
-// for key list. A snapshot it cannot read or parse is an error: the caller
-// then deletes nothing.
-func storeListed(ctx context.Context, st checkpoint.Store, key checkpoint.Key, listed map[string]bool) error {
+// storeListed returns the segments that the snapshots the store keeps for key
+// list. A snapshot it cannot read or parse is an error: the caller then
+// deletes nothing.
+func storeListed(ctx context.Context, st checkpoint.Store, key checkpoint.Key) (map[string]bool, error) {
 	loaded, err := st.Load(ctx, key)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if loaded.FellBack {
-		return fmt.Errorf("newest snapshot unreadable: %w", loaded.CorruptErr)
+		return nil, fmt.Errorf("newest snapshot unreadable: %w", loaded.CorruptErr)
 	}
+	listed := map[string]bool{}
 	states := [][]byte{loaded.State}
 	if loaded.Previous != nil {
 		states = append(states, loaded.Previous.State)
@@ -707,13 +705,13 @@ func storeListed(ctx context.Context, st checkpoint.Store, key checkpoint.Key, l
 	for _, state := range states {
 		refs, err := pipeline.SegmentRefs(state)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		for _, ref := range refs {
 			listed[string(ref)] = true
 		}
 	}
-	return nil
+	return listed, nil
 }
 
 // deleteSegments removes, off the partition goroutine, dedupe segments that no

@@ -292,18 +292,6 @@ func (s *Stage) SnapshotSaved(p *PendingSnapshot) (garbage [][]byte) {
 	return garbage
 }
 
-// ListedSegments returns the segments that the two newest saved snapshots list
-// (the ones a store keeps): every other segment of the partition that this Stage
-// or an earlier owner wrote is garbage, but for one a snapshot in progress has
-// just written.
-func (s *Stage) ListedSegments() [][]byte {
-	out := make([][]byte, 0, len(s.segSaved)+len(s.segGarbage))
-	for _, g := range s.segSaved {
-		out = append(out, g.ref)
-	}
-	return append(out, s.segGarbage...)
-}
-
 // SegmentRefs returns the segments a stage snapshot (AppendSnapshot's or a
 // segmented one) lists, without reading them: none for version 1.
 func SegmentRefs(data []byte) ([][]byte, error) {
