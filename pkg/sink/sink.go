@@ -66,7 +66,13 @@ type pending struct {
 	c       *chunk // holds rec.Key and rec.Value, or nil
 	arrival int64  // Unix ns, or ≤ 0 for dead letters
 	size    int64
+	// hdrs backs rec.Headers: inside the pending, the headers share its cache
+	// lines instead of costing a miss of their own on every reuse.
+	hdrs [deadHeaders]kgo.RecordHeader
 }
+
+// deadHeaders is how many headers a dead letter carries, the most of any record.
+const deadHeaders = 5
 
 // chunk is a piece of arena memory shared by the keys and values of many
 // records. refs counts those records still in flight plus one while the
@@ -185,10 +191,11 @@ type Tracker struct {
 	// onAck is called for every acknowledged features record with its arrival
 	// stamp (Unix ns), for the latency histogram. May be nil.
 	onAck func(arrival int64)
-	// nowMs and nowText are the emitted_at clock set by SetClock: 0 = read the
-	// clock per record.
+	// nowMs and nowText are the emitted_at clock set by SetClock, and nowTime
+	// the same instant as the records' timestamp: 0 = read the clock per record.
 	nowMs   int64
 	nowText []byte
+	nowTime time.Time
 }
 
 const arenaChunk = 256 << 10
@@ -253,6 +260,7 @@ func (t *Tracker) SetClock(unixMs int64) {
 	if unixMs != t.nowMs {
 		t.nowMs = unixMs
 		t.nowText = strconv.AppendInt(nil, unixMs, 10) // shared by the records: never written
+		t.nowTime = time.UnixMilli(unixMs)
 	}
 }
 
@@ -264,10 +272,10 @@ func (t *Tracker) Features(key, value []byte, arrival int64) {
 		emitted = strconv.AppendInt(nil, time.Now().UnixMilli(), 10)
 	}
 	p.rec.Topic = t.sink.outputTopic
-	p.rec.Headers = append(p.rec.Headers[:0], // a pooled record keeps its header slice
-		kgo.RecordHeader{Key: HeaderEmittedAt, Value: emitted},
-		kgo.RecordHeader{Key: HeaderHost, Value: t.sink.host},
-	)
+	p.rec.Timestamp = t.nowTime // the emitted_at instant; zero (unset clock) = the client reads its own
+	p.hdrs[0] = kgo.RecordHeader{Key: HeaderEmittedAt, Value: emitted}
+	p.hdrs[1] = kgo.RecordHeader{Key: HeaderHost, Value: t.sink.host}
+	p.rec.Headers = p.hdrs[:2]
 	t.copyInto(p, key, t.sink.prefix, value)
 	t.produce(p, arrival)
 }
@@ -286,13 +294,15 @@ type DeadLetter struct {
 func (t *Tracker) Dead(d DeadLetter) {
 	p := t.sink.pend.Get().(*pending)
 	p.rec.Topic = t.sink.dlqTopic
-	p.rec.Headers = append(p.rec.Headers[:0],
-		kgo.RecordHeader{Key: codec.HeaderReason, Value: []byte(d.Reason)},
-		kgo.RecordHeader{Key: codec.HeaderError, Value: []byte(d.Err)},
-		kgo.RecordHeader{Key: codec.HeaderSourceTopic, Value: []byte(d.SourceTopic)},
-		kgo.RecordHeader{Key: codec.HeaderSourcePartition, Value: strconv.AppendInt(nil, int64(d.SourcePartition), 10)},
-		kgo.RecordHeader{Key: codec.HeaderSourceOffset, Value: strconv.AppendInt(nil, d.SourceOffset, 10)},
-	)
+	p.rec.Timestamp = t.nowTime
+	p.hdrs = [deadHeaders]kgo.RecordHeader{
+		{Key: codec.HeaderReason, Value: []byte(d.Reason)},
+		{Key: codec.HeaderError, Value: []byte(d.Err)},
+		{Key: codec.HeaderSourceTopic, Value: []byte(d.SourceTopic)},
+		{Key: codec.HeaderSourcePartition, Value: strconv.AppendInt(nil, int64(d.SourcePartition), 10)},
+		{Key: codec.HeaderSourceOffset, Value: strconv.AppendInt(nil, d.SourceOffset, 10)},
+	}
+	p.rec.Headers = p.hdrs[:]
 	t.copyInto(p, d.Key, nil, d.Value)
 	t.produce(p, -1)
 }
@@ -334,12 +344,13 @@ func promise(r *kgo.Record, err error) {
 	if p.c != nil {
 		t.sink.release(p.c)
 	}
-	hdrs := p.rec.Headers[:0]
-	clear(hdrs[:cap(hdrs)]) // drop the header values' memory
+	if len(r.Headers) > 2 {
+		p.hdrs = [deadHeaders]kgo.RecordHeader{} // a dead letter's header values are its own memory: drop them
+	}
 	// Field by field: the client may still read the record's Context (a
 	// goroutine that waited for a new topic's metadata), so that field and
 	// p.Context are never written after New.
-	r.Key, r.Value, r.Headers, r.Topic = nil, nil, hdrs, ""
+	r.Key, r.Value, r.Headers, r.Topic = nil, nil, nil, ""
 	r.Timestamp, r.Partition, r.Attrs = time.Time{}, 0, kgo.RecordAttrs{}
 	r.ProducerEpoch, r.ProducerID, r.LeaderEpoch, r.Offset = 0, 0, 0, 0
 	p.t, p.ep, p.c, p.arrival, p.size = nil, nil, nil, 0, 0

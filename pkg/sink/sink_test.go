@@ -251,6 +251,9 @@ func TestEmittedAtClock(t *testing.T) {
 	if got, _ := strconv.ParseInt(emitted(fp.got[0]), 10, 64); got < before || got > time.Now().UnixMilli() {
 		t.Fatalf("without SetClock: emitted_at %q, want the wall clock", emitted(fp.got[0]))
 	}
+	if !fp.got[0].Timestamp.IsZero() {
+		t.Fatalf("without SetClock: timestamp %v, want zero (the client stamps it)", fp.got[0].Timestamp)
+	}
 	for round, clock := range []int64{1234, 1234, 99_999} {
 		tr.SetClock(clock)
 		fp.got = fp.got[:0]
@@ -262,6 +265,9 @@ func TestEmittedAtClock(t *testing.T) {
 			}
 			if len(r.Headers) != 2 {
 				t.Fatalf("round %d record %d: %d headers, want 2", round, i, len(r.Headers))
+			}
+			if got := r.Timestamp.UnixMilli(); got != clock {
+				t.Fatalf("round %d record %d: timestamp %d, want the emitted_at instant %d", round, i, got, clock)
 			}
 		}
 		fp.settle(nil) // records go back to the pool with their header slices
