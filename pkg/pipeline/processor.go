@@ -18,6 +18,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"time"
 	"unsafe"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
@@ -280,6 +281,10 @@ func (p *Processor) Hint(key, value []byte, distance int) {
 		p.table.PrefetchRecord(entity)
 	}
 }
+
+// SetClock sets the wall-clock time the idle timeout reads until the next call
+// (watermark.Stage.SetClock): call it once per fetched batch and before Tick.
+func (p *Processor) SetClock(t time.Time) { p.stage.SetClock(t) }
 
 // Tick releases everything pending if the partition has been idle for the idle
 // timeout (live mode only: this is where wall-clock time enters).

@@ -141,7 +141,9 @@ func (w *worker) run() {
 				// the idle timeout release its reorder buffer meanwhile.
 				w.retryHeld()
 			} else {
-				w.tracker.SetClock(time.Now().UnixMilli()) // Tick may release (emit) events
+				now := time.Now()
+				w.tracker.SetClock(now.UnixMilli()) // Tick may release (emit) events
+				w.proc.SetClock(now)
 				w.proc.Tick(w.emitFn)
 				w.updatePressure()
 			}
@@ -288,6 +290,7 @@ func (w *worker) process(b batch) {
 	now := time.Now()
 	arrival := now.UnixNano()
 	w.tracker.SetClock(now.UnixMilli())
+	w.proc.SetClock(now)
 	for i, r := range records {
 		if j := i + 2*pipeline.HintDistance; j < len(records) {
 			w.proc.Hint(records[j].Key, records[j].Value, 2*pipeline.HintDistance)

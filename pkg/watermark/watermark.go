@@ -120,7 +120,8 @@ type Stage struct {
 	superseded bool
 
 	lastOffer time.Time
-	scratch   []item // reused by AppendSnapshot
+	clock     time.Time // set by SetClock; zero = read now
+	scratch   []item    // reused by AppendSnapshot
 
 	// Segmented snapshots (segments.go).
 	segments   SegmentStore
@@ -244,7 +245,7 @@ func (s *Stage) updatePressure() {
 // the idle timeout: the partition did deliver something.
 func (s *Stage) Offer(ev Event) Verdict {
 	if s.idleTimeout > 0 {
-		s.lastOffer = s.now()
+		s.lastOffer = s.current()
 	}
 	var (
 		k     idKey
@@ -385,6 +386,19 @@ func (s *Stage) Ready(dst []Event) []Event {
 	return s.release(dst, satSub(s.maxSeen, s.lateness), false)
 }
 
+// SetClock makes the idle timeout take t as the current time, until the next call,
+// instead of reading Config.Now. A caller that offers a batch of events received at
+// one moment reads the clock once for all of them: a read per event was 1% of the
+// live service's CPU.
+func (s *Stage) SetClock(t time.Time) { s.clock = t }
+
+func (s *Stage) current() time.Time {
+	if !s.clock.IsZero() {
+		return s.clock
+	}
+	return s.now()
+}
+
 // Idle appends everything pending, sorted, if IdleTimeout > 0 and at least IdleTimeout
 // has passed on the injected clock since the last Offer (or since New/Restore). Call it
 // periodically in live mode; replays use FlushAll at the end of their range instead.
@@ -392,7 +406,7 @@ func (s *Stage) Idle(dst []Event) []Event {
 	if s.idleTimeout <= 0 || s.Pending() == 0 {
 		return dst
 	}
-	if s.now().Sub(s.lastOffer) < s.idleTimeout {
+	if s.current().Sub(s.lastOffer) < s.idleTimeout {
 		return dst
 	}
 	return s.release(dst, 0, true)

@@ -273,6 +273,43 @@ func TestIdleReleasesEverythingAfterTimeout(t *testing.T) {
 	}
 }
 
+// TestIdleSetClock: once a caller sets the clock, Offer and Idle read it and never
+// Config.Now, so one clock read serves a whole batch.
+func TestIdleSetClock(t *testing.T) {
+	t0 := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	reads := 0
+	s := mustNew(t, Config{AllowedLateness: 60000, IdleTimeout: 100 * time.Millisecond,
+		Now: func() time.Time { reads++; return t0 }})
+	reads = 0 // New reads it once
+	steps := []struct {
+		at      time.Duration // the clock set before the step
+		offer   string        // an event id to offer, or "" to call Idle
+		release int           // events Idle must release
+	}{
+		{0, "a", 0},
+		{99 * time.Millisecond, "", 0},
+		{50 * time.Millisecond, "b", 0}, // the clock may be set back: activity at +50 ms
+		{120 * time.Millisecond, "", 0}, // 70 ms since the last offer
+		{149 * time.Millisecond, "", 0},
+		{150 * time.Millisecond, "", 2},
+	}
+	for i, st := range steps {
+		s.SetClock(t0.Add(st.at))
+		if st.offer != "" {
+			if v := s.Offer(Event{Offset: int64(i), EventTime: 1000, EventID: st.offer}); v != Accepted {
+				t.Fatalf("step %d: offer %s: %v", i, st.offer, v)
+			}
+			continue
+		}
+		if got := s.Idle(nil); len(got) != st.release {
+			t.Fatalf("step %d: Idle at +%v released %v, want %d events", i, st.at, ids(got), st.release)
+		}
+	}
+	if reads != 0 {
+		t.Fatalf("Config.Now read %d times with the clock set", reads)
+	}
+}
+
 func TestIdleDisabled(t *testing.T) {
 	called := false
 	s := mustNew(t, Config{AllowedLateness: 1000, Now: func() time.Time { called = true; return time.Time{} }})
