@@ -267,12 +267,13 @@ func (t *Tracker) SetClock(unixMs int64) {
 // Features produces one features record. key and value are copied.
 func (t *Tracker) Features(key, value []byte, arrival int64) {
 	p := t.sink.pend.Get().(*pending)
-	emitted := t.nowText
+	emitted, stamp := t.nowText, t.nowTime
 	if t.nowMs == 0 {
-		emitted = strconv.AppendInt(nil, time.Now().UnixMilli(), 10)
+		ms := time.Now().UnixMilli()
+		emitted, stamp = strconv.AppendInt(nil, ms, 10), time.UnixMilli(ms)
 	}
 	p.rec.Topic = t.sink.outputTopic
-	p.rec.Timestamp = t.nowTime // the emitted_at instant; zero (unset clock) = the client reads its own
+	p.rec.Timestamp = stamp // the emitted_at instant
 	p.hdrs[0] = kgo.RecordHeader{Key: HeaderEmittedAt, Value: emitted}
 	p.hdrs[1] = kgo.RecordHeader{Key: HeaderHost, Value: t.sink.host}
 	p.rec.Headers = p.hdrs[:2]

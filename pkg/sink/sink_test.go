@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -251,8 +252,8 @@ func TestEmittedAtClock(t *testing.T) {
 	if got, _ := strconv.ParseInt(emitted(fp.got[0]), 10, 64); got < before || got > time.Now().UnixMilli() {
 		t.Fatalf("without SetClock: emitted_at %q, want the wall clock", emitted(fp.got[0]))
 	}
-	if !fp.got[0].Timestamp.IsZero() {
-		t.Fatalf("without SetClock: timestamp %v, want zero (the client stamps it)", fp.got[0].Timestamp)
+	if got := strconv.FormatInt(fp.got[0].Timestamp.UnixMilli(), 10); got != emitted(fp.got[0]) {
+		t.Fatalf("without SetClock: timestamp %s, want the emitted_at instant %s", got, emitted(fp.got[0]))
 	}
 	for round, clock := range []int64{1234, 1234, 99_999} {
 		tr.SetClock(clock)
@@ -361,10 +362,15 @@ func TestFeaturesDoesNotAllocate(t *testing.T) {
 type stampingProducer struct{ handed []kgo.Record }
 
 func (s *stampingProducer) Produce(_ context.Context, r *kgo.Record, promise func(*kgo.Record, error)) {
-	s.handed = append(s.handed, *r)
-	r.Timestamp, r.Partition, r.Offset, r.ProducerID, r.ProducerEpoch = time.Now(), 3, 99, 7, 1
+	c := *r
+	c.Headers = slices.Clone(r.Headers) // the pooled record's own array is reused
+	s.handed = append(s.handed, c)
+	r.Timestamp, r.Partition, r.Offset, r.ProducerID, r.ProducerEpoch = staleStamp, 3, 99, 7, 1
 	promise(r, nil)
 }
+
+// staleStamp is what stampingProducer leaves in a record, as a client does.
+var staleStamp = time.Date(2000, 1, 1, 0, 0, 0, 123, time.UTC)
 
 // TestReusedRecordIsClean: a record reused from the pool carries nothing of its
 // previous life (a stale Timestamp would be produced as the new record's).
@@ -379,12 +385,17 @@ func TestReusedRecordIsClean(t *testing.T) {
 		}
 	}
 	for i, r := range sp.handed {
-		if !r.Timestamp.IsZero() || r.Partition != 0 || r.Offset != 0 || r.ProducerID != 0 || r.ProducerEpoch != 0 {
+		if r.Timestamp.Equal(staleStamp) || r.Partition != 0 || r.Offset != 0 || r.ProducerID != 0 || r.ProducerEpoch != 0 {
 			t.Fatalf("record %d handed over with state of an earlier one: %+v", i, r)
 		}
 		wantHeaders := 2
 		if i%5 == 0 {
 			wantHeaders = 5
+			if !r.Timestamp.IsZero() {
+				t.Fatalf("dead letter %d: timestamp %v without a clock, want zero (the client stamps it)", i, r.Timestamp)
+			}
+		} else if got := strconv.FormatInt(r.Timestamp.UnixMilli(), 10); got != string(r.Headers[0].Value) {
+			t.Fatalf("record %d: timestamp %s, want its emitted_at %s", i, got, r.Headers[0].Value)
 		}
 		if len(r.Headers) != wantHeaders {
 			t.Fatalf("record %d has %d headers, want %d", i, len(r.Headers), wantHeaders)
