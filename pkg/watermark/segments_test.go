@@ -94,19 +94,27 @@ func refsOf(t *testing.T, cfg Config, snap []byte) []string {
 // must restore to exactly the state an inline (version 1) snapshot taken at the
 // same moment holds; the store must keep exactly the segments the two newest
 // snapshots list; and the bytes written must be far below rewriting every id.
+// With a merge cap, no merged segment may pass it, and the list may grow past
+// segFanIn−1 segments per level only as far as the cap forces.
 func TestSegmentedSnapshotsRestoreTheSameState(t *testing.T) {
 	for _, c := range []struct {
-		name    string
-		horizon int64
-		rounds  int
-		minIDs  int // live at the end: the id list was exercised
+		name     string
+		horizon  int64
+		rounds   int
+		minIDs   int // live at the end: the id list was exercised
+		maxMerge int // Config.MaxMergeBytes; 0 = the default, far above these tests
+		capped   bool
 	}{
-		{"ids expire within a few rounds", 4000, 60, 4000},
-		{"horizon longer than the run", 1 << 40, 60, 30000},
+		{"ids expire within a few rounds", 4000, 60, 4000, 0, false},
+		{"horizon longer than the run", 1 << 40, 60, 30000, 0, false},
+		// About 900 ids a round: level-1 merges (about 3 600 ids) fit under a
+		// cap of 10 000 ids, level-2 merges do not.
+		{"merges capped, ids expire", 4000, 60, 4000, 10000 * idEntryLen, false},
+		{"merges capped, horizon longer than the run", 1 << 40, 60, 30000, 10000 * idEntryLen, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			store := newMemSegments()
-			cfg := Config{AllowedLateness: 50, DedupeHorizon: c.horizon, Segments: store}
+			cfg := Config{AllowedLateness: 50, DedupeHorizon: c.horizon, Segments: store, MaxMergeBytes: c.maxMerge}
 			s := mustNew(t, cfg)
 			r := rand.New(rand.NewPCG(3, 9))
 			now, off := int64(0), int64(0)
@@ -122,6 +130,7 @@ func TestSegmentedSnapshotsRestoreTheSameState(t *testing.T) {
 			}
 			var prevRefs []string
 			inline := 0
+			sawCapped := false
 			for round := range c.rounds {
 				step(200 + r.IntN(800))
 				want := s.AppendSnapshot(nil)
@@ -138,8 +147,28 @@ func TestSegmentedSnapshotsRestoreTheSameState(t *testing.T) {
 					t.Fatalf("round %d: restored state differs from the stage's at the snapshot (%d vs %d inline bytes)", round, len(got), len(want))
 				}
 				refs := refsOf(t, cfg, snap)
-				if max := (segFanIn-1)*12 + 1; len(refs) > max {
-					t.Fatalf("round %d: %d segments listed, more than %d", round, len(refs), max)
+				list := st.segSaved
+				listed := uint64(0)
+				for _, g := range list {
+					listed += g.count
+					if c.maxMerge > 0 && g.level > 0 && g.level < segTopLevel && g.count*idEntryLen > uint64(c.maxMerge) {
+						t.Fatalf("round %d: a merged segment (level %d) of %d bytes passes the cap of %d", round, g.level, g.count*idEntryLen, c.maxMerge)
+					}
+				}
+				// Any segFanIn adjacent segments of one level hold more than the
+				// cap (else they would have merged), hence the first term.
+				limit := (segFanIn-1)*12 + 1
+				if c.maxMerge > 0 {
+					limit += segFanIn * int(listed*idEntryLen/uint64(c.maxMerge))
+				}
+				if len(refs) > limit {
+					t.Fatalf("round %d: %d segments listed, more than %d", round, len(refs), limit)
+				}
+				if run := longestLevelRun(list); run >= segFanIn {
+					if !c.capped {
+						t.Fatalf("round %d: %d adjacent segments of one level: a merge was skipped", round, run)
+					}
+					sawCapped = true
 				}
 				kept := slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(refs), prevRefs...))))
 				if got := store.keys(); !slices.Equal(got, kept) {
@@ -150,6 +179,9 @@ func TestSegmentedSnapshotsRestoreTheSameState(t *testing.T) {
 			if s.ids.len() < c.minIDs {
 				t.Fatalf("only %d live ids: the test did not exercise the id list", s.ids.len())
 			}
+			if c.capped && !sawCapped {
+				t.Fatalf("the cap of %d bytes never stopped a merge: the test did not exercise it", c.maxMerge)
+			}
 			// Each id is written about log_4(rounds) times, not once per round.
 			if store.written*4 > inline {
 				t.Fatalf("segments wrote %d bytes, inline snapshots would write %d: not incremental", store.written, inline)
@@ -157,6 +189,20 @@ func TestSegmentedSnapshotsRestoreTheSameState(t *testing.T) {
 			t.Logf("%d rounds: segments wrote %d bytes, inline snapshots %d", c.rounds, store.written, inline)
 		})
 	}
+}
+
+// longestLevelRun is the longest run of adjacent segments of one level in list.
+func longestLevelRun(list []segment) int {
+	best, run := 0, 0
+	for i, g := range list {
+		if i > 0 && list[i-1].level == g.level {
+			run++
+		} else {
+			run = 1
+		}
+		best = max(best, run)
+	}
+	return best
 }
 
 // TestSegmentedRestoreStartsAFreshList: the owner that restores a segmented

@@ -1,6 +1,7 @@
 package watermark
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -59,7 +60,16 @@ type Config struct {
 	// written once each (see segments.go) instead of in every snapshot, and is
 	// where Restore reads a segmented snapshot's ids from.
 	Segments SegmentStore
+	// MaxMergeBytes caps the size of a segment made by merging others (see
+	// segments.go); 0 = DefaultMaxMergeBytes. A merge rewrites all the ids it
+	// covers at one checkpoint, so the cap bounds that burst; the price is
+	// more segments per snapshot (about the id set's size / the cap).
+	MaxMergeBytes int
 }
+
+// DefaultMaxMergeBytes is the default Config.MaxMergeBytes: 16 MiB, about
+// 700 000 ids.
+const DefaultMaxMergeBytes = 16 << 20
 
 // Verdict is what Offer decided about an event.
 type Verdict uint8
@@ -129,6 +139,7 @@ type Stage struct {
 	segRestart bool      // segSaved came with a restore: start a new list
 	segGarbage [][]byte  // dropped by the newest saved snapshot: deletable after the next save
 	segBuf     []byte    // reused for the blob of a new segment
+	maxMerge   uint64    // Config.MaxMergeBytes in ids
 }
 
 // New returns an empty Stage, or an error naming the first invalid Config field.
@@ -142,6 +153,9 @@ func New(cfg Config) (*Stage, error) {
 	if cfg.IdleTimeout < 0 {
 		return nil, fmt.Errorf("watermark: idle timeout %v is negative; use 0 to disable idle release", cfg.IdleTimeout)
 	}
+	if cfg.MaxMergeBytes < 0 {
+		return nil, fmt.Errorf("watermark: max merge bytes %d is negative; use 0 for the default %d", cfg.MaxMergeBytes, DefaultMaxMergeBytes)
+	}
 	s := &Stage{
 		lateness:    cfg.AllowedLateness,
 		horizon:     cfg.DedupeHorizon,
@@ -153,6 +167,7 @@ func New(cfg Config) (*Stage, error) {
 		highBytes:   cfg.HighBytes,
 		lowBytes:    cfg.LowBytes,
 		segments:    cfg.Segments,
+		maxMerge:    uint64(cmp.Or(cfg.MaxMergeBytes, DefaultMaxMergeBytes) / idEntryLen),
 	}
 	if s.horizon == 0 {
 		s.horizon = max(DefaultDedupeHorizon, s.lateness)

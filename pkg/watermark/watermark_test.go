@@ -35,6 +35,7 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		{"negative horizon", Config{DedupeHorizon: -1}, "dedupe horizon"},
 		{"horizon shorter than lateness", Config{AllowedLateness: 5000, DedupeHorizon: 4999}, "shorter than the allowed lateness"},
 		{"negative idle", Config{IdleTimeout: -time.Second}, "idle timeout"},
+		{"negative merge cap", Config{MaxMergeBytes: -1}, "max merge bytes"},
 		{"low events above high", Config{HighEvents: 10, LowEvents: 11}, "event marks"},
 		{"negative high events", Config{HighEvents: -1}, "event marks"},
 		{"low bytes above high", Config{HighBytes: 10, LowBytes: 11}, "byte marks"},
