@@ -146,10 +146,11 @@ func TestSegmentedSnapshotsRestoreTheSameState(t *testing.T) {
 				if got := st.AppendSnapshot(nil); !bytes.Equal(got, want) {
 					t.Fatalf("round %d: restored state differs from the stage's at the snapshot (%d vs %d inline bytes)", round, len(got), len(want))
 				}
-				refs := refsOf(t, cfg, snap)
-				list := st.segSaved
+				list := st.segSaved // the restore above read the snapshot's list
+				var refs []string
 				listed := uint64(0)
 				for _, g := range list {
+					refs = append(refs, string(g.ref))
 					listed += g.count
 					if c.maxMerge > 0 && g.level > 0 && g.level < segTopLevel && g.count*idEntryLen > uint64(c.maxMerge) {
 						t.Fatalf("round %d: a merged segment (level %d) of %d bytes passes the cap of %d", round, g.level, g.count*idEntryLen, c.maxMerge)
