@@ -91,11 +91,12 @@ type Config struct {
 
 	// FetchMinBytes and FetchMaxWait are the consumer's fetch.min.bytes and
 	// fetch.max.wait: the broker holds each fetch until FetchMinBytes of input
-	// are there or FetchMaxWait has passed. Answering every fetch at once (1
-	// byte) is fastest at low rates but costs the broker and us a fetch per
-	// few records; near half our peak rate that CPU is what the p99 waits for.
-	// Defaults DefaultFetchMinBytes and DefaultFetchMaxWait (BENCHMARKS.md,
-	// session 4, measured both ways).
+	// are there or FetchMaxWait has passed. The default, 1 byte, answers every
+	// fetch at once: the poll loop's natural batching (pollRound) already makes
+	// fetches large near the peak, so holding them only adds latency at low
+	// rates. A few KiB trade some of that latency for fewer fetches, and less
+	// CPU, at moderate rates. Defaults DefaultFetchMinBytes and
+	// DefaultFetchMaxWait (BENCHMARKS.md, sessions 4 and 9, measured both ways).
 	FetchMinBytes int32
 	FetchMaxWait  time.Duration
 
@@ -159,7 +160,7 @@ func (c *Config) defaults() error {
 // Defaults of Config.
 const (
 	DefaultProducers     = 1
-	DefaultFetchMinBytes = 64 << 10
+	DefaultFetchMinBytes = 1
 	DefaultFetchMaxWait  = 10 * time.Millisecond
 	// MinFetchMaxWait is the shortest fetch wait franz-go accepts.
 	MinFetchMaxWait = 10 * time.Millisecond
@@ -174,6 +175,8 @@ type Service struct {
 	cons  *kgo.Client
 	adm   *kadm.Client
 	sinks []*sink.Sink // one per producer client; partition p uses sinks[p mod len]
+	// roundTimer bounds the poll loop's wait for a poll's batches (poll loop only).
+	roundTimer *time.Timer
 	// setUp is closed once Run has set cons and adm and checked the topics,
 	// or has given up (setUpErr). The group's callbacks wait for it: the
 	// client starts joining inside kgo.NewClient, and an assignment could
@@ -183,6 +186,10 @@ type Service struct {
 	// beforeSetUp, when set (tests), runs after the consumer client is
 	// created and before Run records it: it widens the window setUp closes.
 	beforeSetUp func()
+	// beforePoll, when set (tests), runs before each poll of the poll loop.
+	beforePoll func()
+	// roundWait bounds the poll loop's wait for a poll's batches (awaitRound).
+	roundWait time.Duration
 
 	mu      sync.Mutex
 	workers map[int32]*worker
@@ -218,7 +225,7 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Service, error) {
 		}
 	}
 	return &Service{cfg: cfg, log: log, m: m, dec: dec, workers: make(map[int32]*worker), txnLost: make(map[int32]time.Time),
-		setUp: make(chan struct{})}, nil
+		setUp: make(chan struct{}), roundWait: defaultRoundWait}, nil
 }
 
 // Ready reports whether the service reached the cluster and is consuming as a
@@ -354,7 +361,10 @@ func (s *Service) pollLoop(ctx context.Context) {
 			}
 		}
 		s.mu.Unlock()
-		fetches := s.cons.PollRecords(pctx, 8192)
+		if s.beforePoll != nil {
+			s.beforePoll()
+		}
+		fetches := s.cons.PollRecords(pctx, maxPollRecords)
 		cancel()
 		if fetches.IsClientClosed() || ctx.Err() != nil {
 			s.cons.AllowRebalance()
@@ -366,6 +376,7 @@ func (s *Service) pollLoop(ctx context.Context) {
 			}
 			s.log.Warn("fetch error", zap.String("topic", topic), zap.Int32("partition", p), zap.Error(err))
 		})
+		round := newPollRound()
 		fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
 			if len(fp.Records) == 0 {
 				return
@@ -377,16 +388,80 @@ func (s *Service) pollLoop(ctx context.Context) {
 				// Not ours any more (lost); the new owner resumes from its checkpoint.
 				return
 			}
+			round.left.Add(1)
 			select {
-			case w.in <- batch{records: fp.Records, hwm: fp.HighWatermark}:
+			case w.in <- batch{records: fp.Records, hwm: fp.HighWatermark, round: round}:
 			case <-w.done: // it left (transaction lost); reacquireLost rewinds the partition
+				round.finish()
 			case <-ctx.Done():
+				round.finish()
 			}
 		})
+		round.finish() // the poll loop's own count
+		if fetches.NumRecords() < maxPollRecords {
+			s.awaitRound(ctx, round, s.roundWait)
+		} // else more is fetched and waiting (a backlog): take it at once
 		s.applyBackpressure()
 		s.reacquireLost(ctx)
 		s.cons.AllowRebalance()
 	}
+}
+
+// maxPollRecords caps one poll. A poll that comes back full finds the
+// client holding more already fetched: the loop is behind (a backlog, or
+// input produced before we started) and polls again without waiting.
+const maxPollRecords = 8192
+
+// A pollRound counts the batches of one poll that their workers have not
+// finished yet. Unless the poll came back full, the poll loop waits for them
+// before it polls again: natural batching. franz-go sends a broker the next
+// fetch when a poll takes the one it holds, so each fetch carries what arrived
+// while the previous round was being processed: a few records at low rates,
+// answered at once, and near the peak as many as a round's time brings, so
+// fetches stay few and large without the broker holding them for bytes
+// (BENCHMARKS.md, session 9).
+type pollRound struct {
+	left atomic.Int32
+	done chan struct{}
+}
+
+func newPollRound() *pollRound {
+	r := &pollRound{done: make(chan struct{})}
+	r.left.Store(1)
+	return r
+}
+
+// finish counts one batch as processed (or one reference as dropped).
+func (r *pollRound) finish() {
+	if r != nil && r.left.Add(-1) == 0 {
+		close(r.done)
+	}
+}
+
+// defaultRoundWait bounds the wait for a poll's batches. A worker that leaves
+// with batches in its channel (lost, failed) never finishes them, and one busy
+// with a slow checkpoint should not hold the other partitions' next fetch for
+// long: after it the loop polls anyway, as it did before natural
+// batching, and the workers' channels absorb the overlap.
+const defaultRoundWait = 50 * time.Millisecond
+
+func (s *Service) awaitRound(ctx context.Context, r *pollRound, bound time.Duration) {
+	select {
+	case <-r.done:
+		return
+	default:
+	}
+	if s.roundTimer == nil {
+		s.roundTimer = time.NewTimer(bound)
+	} else {
+		s.roundTimer.Reset(bound)
+	}
+	select {
+	case <-r.done:
+	case <-s.roundTimer.C:
+	case <-ctx.Done():
+	}
+	s.roundTimer.Stop()
 }
 
 // applyBackpressure pauses partitions whose worker asks for it and resumes the

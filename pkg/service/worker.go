@@ -29,6 +29,7 @@ type bgResult struct {
 type batch struct {
 	records []*kgo.Record
 	hwm     int64
+	round   *pollRound // the poll that fetched it; nil for held records
 }
 
 // worker owns one partition: its Processor, its sink Tracker and its checkpoints.
@@ -128,6 +129,7 @@ func (w *worker) run() {
 		select {
 		case b := <-w.in:
 			w.process(b)
+			b.round.finish()
 			w.advanceSweep(sweepSlice)
 			lastBatch = time.Now()
 		case <-tick.C:
@@ -181,6 +183,7 @@ func (w *worker) run() {
 					select {
 					case b := <-w.in:
 						w.process(b)
+						b.round.finish()
 						continue
 					default:
 					}
