@@ -18,9 +18,9 @@ import (
 
 func TestPollRound(t *testing.T) {
 	for _, tc := range []struct {
-		name             string
-		batches, finishd int
-		wantDone         bool
+		name              string
+		batches, finished int
+		wantDone          bool
 	}{
 		{"no batches", 0, 0, true},
 		{"all finished", 3, 3, true},
@@ -33,17 +33,17 @@ func TestPollRound(t *testing.T) {
 				r.left.Add(1)
 			}
 			r.finish() // the poll loop's own count
-			for range tc.finishd {
+			for range tc.finished {
 				r.finish()
 			}
 			select {
 			case <-r.done:
 				if !tc.wantDone {
-					t.Fatalf("done with %d of %d batches finished", tc.finishd, tc.batches)
+					t.Fatalf("done with %d of %d batches finished", tc.finished, tc.batches)
 				}
 			default:
 				if tc.wantDone {
-					t.Fatalf("not done with %d of %d batches finished", tc.finishd, tc.batches)
+					t.Fatalf("not done with %d of %d batches finished", tc.finished, tc.batches)
 				}
 			}
 		})
