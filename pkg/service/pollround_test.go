@@ -53,12 +53,12 @@ func TestPollRound(t *testing.T) {
 }
 
 func TestAwaitRoundBounds(t *testing.T) {
-	s := &Service{}
+	s := &Service{roundWait: 20 * time.Millisecond}
 	never := newPollRound()
 	never.left.Add(1) // a batch whose worker left without processing it
 
 	start := time.Now()
-	s.awaitRound(context.Background(), never, 20*time.Millisecond)
+	s.awaitRound(context.Background(), never)
 	if d := time.Since(start); d < 20*time.Millisecond {
 		t.Fatalf("returned after %v, before its bound, with a batch unfinished", d)
 	}
@@ -66,7 +66,8 @@ func TestAwaitRoundBounds(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	start = time.Now()
-	s.awaitRound(ctx, never, time.Hour)
+	s.roundWait = time.Hour
+	s.awaitRound(ctx, never)
 	if d := time.Since(start); d > 10*time.Second {
 		t.Fatalf("a cancelled context did not end the wait (%v)", d)
 	}
@@ -75,7 +76,7 @@ func TestAwaitRoundBounds(t *testing.T) {
 	finished.left.Add(1)
 	go func() { time.Sleep(10 * time.Millisecond); finished.finish(); finished.finish() }()
 	start = time.Now()
-	s.awaitRound(context.Background(), finished, time.Hour)
+	s.awaitRound(context.Background(), finished)
 	if d := time.Since(start); d > 10*time.Second {
 		t.Fatalf("finishing the round did not end the wait (%v)", d)
 	}

@@ -399,7 +399,7 @@ func (s *Service) pollLoop(ctx context.Context) {
 		})
 		round.finish() // the poll loop's own count
 		if fetches.NumRecords() < maxPollRecords {
-			s.awaitRound(ctx, round, s.roundWait)
+			s.awaitRound(ctx, round)
 		} // else more is fetched and waiting (a backlog): take it at once
 		s.applyBackpressure()
 		s.reacquireLost(ctx)
@@ -445,16 +445,18 @@ func (r *pollRound) finish() {
 // batching, and the workers' channels absorb the overlap.
 const defaultRoundWait = 50 * time.Millisecond
 
-func (s *Service) awaitRound(ctx context.Context, r *pollRound, bound time.Duration) {
+// awaitRound waits until r's batches are processed, s.roundWait has passed or
+// ctx ends.
+func (s *Service) awaitRound(ctx context.Context, r *pollRound) {
 	select {
 	case <-r.done:
 		return
 	default:
 	}
 	if s.roundTimer == nil {
-		s.roundTimer = time.NewTimer(bound)
+		s.roundTimer = time.NewTimer(s.roundWait)
 	} else {
-		s.roundTimer.Reset(bound)
+		s.roundTimer.Reset(s.roundWait)
 	}
 	select {
 	case <-r.done:
