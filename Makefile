@@ -49,8 +49,10 @@ test-integration:
 	brokers="$$(scripts/kafka-local.sh start)"; \
 	echo "make: started a real Apache Kafka broker at $$brokers in $$((SECONDS - t0))s (scripts/kafka-local.sh)"; \
 	echo "make: integration tests run against the real Kafka broker at $$brokers (VELOCITY_REQUIRE_KAFKA=1: none may skip for want of it)"; \
+	log="$$state/go-test.log"; \
 	KAFKA_BROKERS="$$brokers" VELOCITY_REQUIRE_KAFKA=1 \
-		$(GO) test -tags integration -count=1 -v -timeout $(INTEGRATION_TIMEOUT) $(GOTESTFLAGS) ./integration/...
+		$(GO) test -tags integration -count=1 -v -timeout $(INTEGRATION_TIMEOUT) $(GOTESTFLAGS) ./integration/... 2>&1 | tee "$$log" || { \
+		rc=$$?; scripts/failed-tests.sh "$$log" || true; exit $$rc; }
 
 check:
 	@unformatted="$$(gofmt -l .)"; \
