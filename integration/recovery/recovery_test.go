@@ -141,7 +141,22 @@ type instance struct {
 }
 
 func newInstance(t *testing.T, bin, name string, args []string) *instance {
-	return &instance{t: t, bin: bin, args: args, logs: filepath.Join(t.TempDir(), name+".log")}
+	return &instance{t: t, bin: bin, args: args, logs: filepath.Join(logDir(t), name+".log")}
+}
+
+// logDir is where the instances' logs go: t.TempDir, which is removed after
+// the test, unless VELOCITY_TEST_LOGS names a directory to keep them in (for
+// chasing a rare failure: run the test in a loop with it set).
+func logDir(t *testing.T) string {
+	root := os.Getenv("VELOCITY_TEST_LOGS")
+	if root == "" {
+		return t.TempDir()
+	}
+	dir := filepath.Join(root, strings.ReplaceAll(t.Name(), "/", "_"))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
 
 func (in *instance) start() {
@@ -392,8 +407,14 @@ func TestRecoveryUnderCrashesAndRebalance(t *testing.T) {
 			}
 			logLines := map[string]int{}
 			var fatal []string // the lines themselves: t.TempDir is gone once CI reports
+			var warnings []string
 			for _, in := range sc.instances {
 				b, _ := os.ReadFile(in.logs)
+				for line := range bytes.Lines(b) {
+					if !bytes.Contains(line, []byte(`"level":"info"`)) {
+						warnings = append(warnings, filepath.Base(in.logs)+": "+string(bytes.TrimSpace(line)))
+					}
+				}
 				for _, m := range []string{"ahead of the committed transaction", "warm-up", "newest snapshot corrupt", "no snapshot matches", "stopping: fatal error"} {
 					logLines[m] += bytes.Count(b, []byte(m))
 				}
@@ -406,6 +427,16 @@ func TestRecoveryUnderCrashesAndRebalance(t *testing.T) {
 			t.Logf("%s: log lines: %v", sc.name, logLines)
 			if n := logLines["stopping: fatal error"]; n > 0 {
 				t.Errorf("%d instances stopped on a fatal error (logs in %s):\n%s", n, filepath.Dir(sc.instances[0].logs), strings.Join(fatal, "\n"))
+			}
+			if t.Failed() {
+				// The processes' own account, for a failure seen only in CI's output.
+				if len(warnings) > 40 {
+					warnings = append(warnings[:20], append([]string{"…"}, warnings[len(warnings)-20:]...)...)
+				}
+				if len(warnings) == 0 {
+					warnings = []string{"(none)"}
+				}
+				t.Logf("%s: the instances' warnings and errors:\n%s", sc.name, strings.Join(warnings, "\n"))
 			}
 			var rec []time.Duration
 			starts := 0
