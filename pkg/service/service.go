@@ -542,12 +542,26 @@ func (s *Service) assigned(ctx context.Context, offsets map[string]map[int32]kgo
 		return nil, err
 	}
 	parts := offsets[s.cfg.InputTopic]
+	var acquired []int32
 	for p, o := range parts {
 		next, err := s.acquire(ctx, p, o.EpochOffset().Offset)
+		if err != nil && ctx.Err() != nil {
+			// The group began another rebalance while we were acquiring
+			// (franz-go cancels ctx when the session starts revoking), or
+			// the client is closing. Not a failure: franz-go fetches these
+			// partitions' offsets again in the next session and calls us
+			// again for those still ours. Undo this call, so that the next
+			// one starts clean: no worker here has processed anything yet.
+			s.log.Info("a rebalance interrupted taking over partitions; they are taken over in the next one",
+				zap.Int32("partition", p), zap.Int32s("released", acquired), zap.Error(err))
+			s.stopPartitions(acquired, false)
+			return nil, err
+		}
 		if err != nil {
 			s.fail(err)
 			return nil, err
 		}
+		acquired = append(acquired, p)
 		if next >= 0 {
 			parts[p] = kgo.NewOffset().At(next).WithEpoch(-1)
 		}
