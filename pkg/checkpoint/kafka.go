@@ -88,8 +88,13 @@ const (
 	// headers, batch framing), kept free under max.message.bytes.
 	recordOverhead = 4 << 10
 	// idlePoll is how long a loader waits on an empty fetch before deciding
-	// the rest of the range was compacted away.
-	idlePoll = 2 * time.Second
+	// the rest of the range was compacted away. That is a last resort: the
+	// cleaner never touches the active segment, so a range that ends at the
+	// listed end offset always ends with a record the scan sees (or the high
+	// watermark says it was reached). A silence is far more often a busy
+	// broker, and taking it for the end makes a snapshot look missing or
+	// corrupt, which costs a rebuild or stops the partition: so it is long.
+	idlePoll = 10 * time.Second
 )
 
 // NewKafkaStore connects, creates the topic if it does not exist (compacted,
