@@ -65,8 +65,8 @@ func TestExactlyOnceSurvivesAFencedTransaction(t *testing.T) {
 	rc.b.kill(syscall.SIGTERM)
 	rc.cleanIn.kill(syscall.SIGTERM)
 
-	want := readOutputs(t, rc.ctx, rc.addr, rc.clean, false)
-	got := readOutputs(t, rc.ctx, rc.addr, rc.resumed, true)
+	want := readOutputs(t, rc.ctx, rc.addr, rc.clean, false, ends)
+	got := readOutputs(t, rc.ctx, rc.addr, rc.resumed, true, ends)
 	checkOutputs(t, ends, got, want, true)
 	checkFinalState(t, got, want)
 
@@ -105,8 +105,8 @@ func TestInstanceFrozenPastItsSession(t *testing.T) {
 			t.Parallel()
 			rc := newRestoreCase(t, 40_000, "1m:1s,5m:5s", eos)
 			ends := rc.runFrozen()
-			want := readOutputs(t, rc.ctx, rc.addr, rc.clean, false)
-			got := readOutputs(t, rc.ctx, rc.addr, rc.resumed, eos)
+			want := readOutputs(t, rc.ctx, rc.addr, rc.clean, false, ends)
+			got := readOutputs(t, rc.ctx, rc.addr, rc.resumed, eos, ends)
 			checkOutputs(t, ends, got, want, eos)
 			checkFinalState(t, got, want)
 		})

@@ -166,8 +166,8 @@ func TestWarmUpWithoutSnapshot(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	want := readOutputs(t, rc.ctx, rc.addr, rc.clean, false)
-	got := readOutputs(t, rc.ctx, rc.addr, rc.resumed, false)
+	want := readOutputs(t, rc.ctx, rc.addr, rc.clean, false, ends)
+	got := readOutputs(t, rc.ctx, rc.addr, rc.resumed, false, ends)
 	checkOutputs(t, ends, got, want, false)
 	checkFinalState(t, got, want)
 
@@ -213,8 +213,8 @@ func TestExactlyOnceStepsBackFromAnUncommittedSnapshot(t *testing.T) {
 			}
 		}
 	})
-	want := readOutputs(t, rc.ctx, rc.addr, rc.clean, false)
-	got := readOutputs(t, rc.ctx, rc.addr, rc.resumed, true)
+	want := readOutputs(t, rc.ctx, rc.addr, rc.clean, false, ends)
+	got := readOutputs(t, rc.ctx, rc.addr, rc.resumed, true, ends)
 	checkOutputs(t, ends, got, want, true)
 	checkFinalState(t, got, want)
 	log, _ := os.ReadFile(rc.b.logs)
@@ -252,8 +252,8 @@ func TestTornSnapshotFallsBack(t *testing.T) {
 			}
 		}
 	})
-	want := readOutputs(t, rc.ctx, rc.addr, rc.clean, false)
-	got := readOutputs(t, rc.ctx, rc.addr, rc.resumed, false)
+	want := readOutputs(t, rc.ctx, rc.addr, rc.clean, false, ends)
+	got := readOutputs(t, rc.ctx, rc.addr, rc.resumed, false, ends)
 	checkOutputs(t, ends, got, want, false)
 	checkFinalState(t, got, want)
 	log, _ := os.ReadFile(rc.b.logs)
