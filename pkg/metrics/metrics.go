@@ -43,11 +43,14 @@ type Metrics struct {
 	// fenced or aborted under them (another instance took the partition over,
 	// or the coordinator aborted it): their open work was dropped uncommitted.
 	TxnPartitionsLost prometheus.Counter
-	CommitErrors      prometheus.Counter
-	ProduceErrors     prometheus.Counter
-	PausedPartitions  prometheus.Gauge
-	ConsumerLag       *prometheus.GaugeVec
-	AssignedPartition prometheus.Gauge
+	// TakeoversInterrupted counts takeovers of assigned partitions that a new
+	// rebalance cut short; they are redone in the next group session.
+	TakeoversInterrupted prometheus.Counter
+	CommitErrors         prometheus.Counter
+	ProduceErrors        prometheus.Counter
+	PausedPartitions     prometheus.Gauge
+	ConsumerLag          *prometheus.GaugeVec
+	AssignedPartition    prometheus.Gauge
 }
 
 // New creates the collectors and registers them (plus the Go and process
@@ -110,6 +113,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		TxnPartitionsLost: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "velocity_txn_partitions_lost_total", Help: "Exactly-once partitions whose open transaction was fenced or aborted under them; their uncommitted work was dropped and the partition restored from its last commit (by us if we still own it).",
 		}),
+		TakeoversInterrupted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "velocity_takeovers_interrupted_total", Help: "Takeovers of newly assigned partitions (fencing, restore, warm-up) that another rebalance cut short; the partitions still ours are taken over again in the next group session.",
+		}),
 		CommitErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "velocity_commit_errors_total", Help: "Offset commits that failed.",
 		}),
@@ -129,7 +135,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(
 		m.RecordsIn, m.Features, m.DeadLetters, m.LateApplied, m.ReorderBuffer, m.WatermarkLag,
 		m.Latency, m.Entities, m.EntitiesEvicted, m.CheckpointSeconds, m.CheckpointPause, m.CheckpointBytes, m.CheckpointWritten,
-		m.CheckpointErrors, m.SnapshotFallbacks, m.SnapshotStepBacks, m.TxnPartitionsLost, m.CommitErrors, m.ProduceErrors,
+		m.CheckpointErrors, m.SnapshotFallbacks, m.SnapshotStepBacks, m.TxnPartitionsLost, m.TakeoversInterrupted, m.CommitErrors, m.ProduceErrors,
 		m.PausedPartitions, m.ConsumerLag, m.AssignedPartition,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

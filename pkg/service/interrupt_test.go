@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/velocity-consumer/velocity-consumer/internal/streamtest"
 	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
 )
@@ -58,6 +60,9 @@ func TestServiceRebalanceInterruptsTakeover(t *testing.T) {
 			})
 			if err := a.Healthy(); err != nil {
 				t.Fatalf("a stopped after its takeover was interrupted: %v", err)
+			}
+			if n := testutil.ToFloat64(a.m.TakeoversInterrupted); n < 1 {
+				t.Errorf("velocity_takeovers_interrupted_total = %v after an interrupted takeover, want ≥ 1", n)
 			}
 			produce(t, brokers, st.Records[1000:])
 			got := readOutputs(t, brokers, len(st.Records), 60*time.Second)

@@ -552,6 +552,7 @@ func (s *Service) assigned(ctx context.Context, offsets map[string]map[int32]kgo
 			// partitions' offsets again in the next session and calls us
 			// again for those still ours. Undo this call, so that the next
 			// one starts clean: no worker here has processed anything yet.
+			s.m.TakeoversInterrupted.Inc()
 			s.log.Info("a rebalance interrupted taking over partitions; they are taken over in the next one",
 				zap.Int32("partition", p), zap.Int32s("released", acquired), zap.Error(err))
 			s.stopPartitions(acquired, false)
