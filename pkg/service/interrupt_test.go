@@ -7,10 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/velocity-consumer/velocity-consumer/internal/streamtest"
 	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
+	"github.com/velocity-consumer/velocity-consumer/pkg/metrics"
 )
 
 // stallingStore is a memory store whose first Load of one partition hangs
@@ -69,6 +72,41 @@ func TestServiceRebalanceInterruptsTakeover(t *testing.T) {
 			streamtest.Check(t, st, cfgA.Specs, got, eos)
 			stopB()
 			stopA()
+		})
+	}
+}
+
+// TestServiceShutdownDuringTakeover: a graceful stop (SIGTERM) while a
+// takeover is still running closes the group client, which cancels the
+// takeover the same way. Run must return nil (exit status 0), not the
+// cancellation as a fatal error.
+func TestServiceShutdownDuringTakeover(t *testing.T) {
+	for _, eos := range []bool{false, true} {
+		t.Run(fmt.Sprintf("exactly-once=%v", eos), func(t *testing.T) {
+			brokers := newCluster(t, 2)
+			store := &stallingStore{MemoryStore: checkpoint.NewMemoryStore(), part: 1}
+			cfg := testConfig(t, brokers, store)
+			cfg.ExactlyOnce = eos
+			svc, err := New(cfg, zaptest.NewLogger(t), metrics.New(prometheus.NewRegistry()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- svc.Run(ctx) }()
+			waitFor(t, "the takeover of partition 1 to stall", 20*time.Second, store.stalled.Load)
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("Run after a shutdown during a takeover: %v, want nil", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("Run did not return after a shutdown during a takeover")
+			}
+			if !store.interrupted.Load() {
+				t.Error("the stalled takeover was not cancelled by the shutdown")
+			}
 		})
 	}
 }
