@@ -7,13 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/velocity-consumer/velocity-consumer/internal/streamtest"
 	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
-	"github.com/velocity-consumer/velocity-consumer/pkg/metrics"
 )
 
 // stallingStore is a memory store whose first Load of one partition hangs
@@ -87,23 +84,11 @@ func TestServiceShutdownDuringTakeover(t *testing.T) {
 			store := &stallingStore{MemoryStore: checkpoint.NewMemoryStore(), part: 1}
 			cfg := testConfig(t, brokers, store)
 			cfg.ExactlyOnce = eos
-			svc, err := New(cfg, zaptest.NewLogger(t), metrics.New(prometheus.NewRegistry()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- svc.Run(ctx) }()
+			// stop fails the test if Run returns an error or has not returned
+			// after 30 s.
+			_, stop := startService(t, cfg)
 			waitFor(t, "the takeover of partition 1 to stall", 20*time.Second, store.stalled.Load)
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Fatalf("Run after a shutdown during a takeover: %v, want nil", err)
-				}
-			case <-time.After(30 * time.Second):
-				t.Fatal("Run did not return after a shutdown during a takeover")
-			}
+			stop()
 			if !store.interrupted.Load() {
 				t.Error("the stalled takeover was not cancelled by the shutdown")
 			}
