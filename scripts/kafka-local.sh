@@ -4,15 +4,17 @@
 #   scripts/kafka-local.sh start    fetch the jars (first time), format, start, wait until ready
 #   scripts/kafka-local.sh stop     SIGTERM, wait, then SIGKILL
 #   scripts/kafka-local.sh status   exit 0 and print the address if running, exit 3 if not
+#   scripts/kafka-local.sh restart  start again on the data a stopped or killed broker left
+#                                   (what a broker restart is in production; no format)
 #
 # The broker's classpath comes from Maven (scripts/kafka-local/pom.xml: org.apache.kafka:
 # kafka_2.13 plus an SLF4J->log4j2 binding) and is cached outside the repo, so a second
 # start needs no network and takes seconds. The broker is a combined KRaft
 # broker+controller on 127.0.0.1 (PLAINTEXT), with settings for tests: replication factor 1
 # for every internal topic, transactions on one node, no initial rebalance delay, a small
-# heap. Every start formats a fresh, empty log dir. On success the last line on stdout is
-# the bootstrap address (127.0.0.1:PORT); on failure the broker's last log lines are
-# printed and the exit status is non-zero.
+# heap. Every start formats a fresh, empty log dir (restart keeps it). On success the last
+# line on stdout is the bootstrap address (127.0.0.1:PORT); on failure the broker's last
+# log lines are printed and the exit status is non-zero.
 #
 # Environment (defaults in brackets):
 #   KAFKA_PORT              client listener port [9092]
@@ -160,7 +162,7 @@ EOF
 }
 
 start() {
-	local pid
+	local pid keep="${1:-}"
 	if pid="$(running)"; then
 		say "already running (pid $pid) at 127.0.0.1:$port"
 		echo "127.0.0.1:$port"
@@ -177,7 +179,12 @@ start() {
 	fetch
 
 	local t0=$SECONDS
-	rm -rf "$run/data" "$logdir" "$run/tmp" "$run/server.properties" "$pidfile"
+	if [[ -n "$keep" ]]; then
+		[[ -f "$run/data/meta.properties" ]] || die "restart: no formatted data in $run/data to start on"
+		rm -rf "$run/tmp" "$run/server.properties" "$pidfile"
+	else
+		rm -rf "$run/data" "$logdir" "$run/tmp" "$run/server.properties" "$pidfile"
+	fi
 	write_config
 	local cp="$libs/*"
 	local jvm=(-Djava.io.tmpdir="$run/tmp" -Dkafka.logs.dir="$logdir"
@@ -193,7 +200,7 @@ start() {
 	while IFS= read -r line; do
 		if [[ -n "$line" ]]; then scram+=(--add-scram "$line"); fi
 	done <<<"${KAFKA_SCRAM_CREDENTIALS:-}"
-	if ! "$JAVA" -Xmx256m -XX:+UseSerialGC "${jvm[@]}" -cp "$cp" kafka.tools.StorageTool \
+	if [[ -z "$keep" ]] && ! "$JAVA" -Xmx256m -XX:+UseSerialGC "${jvm[@]}" -cp "$cp" kafka.tools.StorageTool \
 		format -t "$cluster_id" -c "$run/server.properties" "${scram[@]}" >"$logdir/format.log" 2>&1; then
 		cat "$logdir/format.log" >&2
 		die "formatting $run/data failed"
@@ -275,8 +282,9 @@ status() {
 cmd="${1:-}"
 case "$cmd" in
 start | stop | status) ;;
+restart) cmd="start keep" ;;
 *)
-	echo "usage: $0 start|stop|status" >&2
+	echo "usage: $0 start|stop|status|restart" >&2
 	exit 2
 	;;
 esac
@@ -285,4 +293,4 @@ esac
 mkdir -p "$home"
 exec 9>"$home/lock-$port"
 flock -w $((start_timeout + stop_timeout + 600)) 9 || die "timed out waiting for $home/lock-$port"
-"$cmd"
+$cmd

@@ -21,6 +21,7 @@ type PrivateBroker struct {
 	Addr  string // bootstrap address, 127.0.0.1:port
 	pid   int
 	state string
+	run   func(ctx context.Context, arg string) ([]byte, error) // scripts/kafka-local.sh arg
 }
 
 // StartPrivateBroker starts a broker for t alone and stops it when t ends. It needs java
@@ -63,7 +64,7 @@ func startPrivateBroker(t testing.TB, extraPorts int, extraEnv func(ports []int,
 		// If the test binary dies before its cleanup (a -timeout panic), so does the broker.
 		"KAFKA_LOCAL_OWNER_PID="+strconv.Itoa(os.Getpid()),
 	)
-	run := func(ctx context.Context, arg string) ([]byte, error) {
+	b.run = func(ctx context.Context, arg string) ([]byte, error) {
 		cmd := exec.CommandContext(ctx, script, arg)
 		cmd.Env = env
 		var stderr strings.Builder
@@ -83,7 +84,7 @@ func startPrivateBroker(t testing.TB, extraPorts int, extraEnv func(ports []int,
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if _, err := run(ctx, "stop"); err != nil {
+		if _, err := b.run(ctx, "stop"); err != nil {
 			t.Errorf("kafkatest: stop private broker: %v", err)
 		}
 		if t.Failed() {
@@ -94,9 +95,16 @@ func startPrivateBroker(t testing.TB, extraPorts int, extraEnv func(ports []int,
 			}
 		}
 	})
-	out, err := run(ctx, "start")
+	b.launch(t, ctx, "start")
+	return b
+}
+
+// launch runs scripts/kafka-local.sh start or restart and waits until the broker answers.
+func (b *PrivateBroker) launch(t testing.TB, ctx context.Context, arg string) {
+	t.Helper()
+	out, err := b.run(ctx, arg)
 	if err != nil {
-		t.Fatalf("kafkatest: start private broker: %v", err)
+		t.Fatalf("kafkatest: %s private broker: %v", arg, err)
 	}
 	b.Addr = lastLine(out)
 	pid, err := os.ReadFile(filepath.Join(b.state, "kafka.pid"))
@@ -109,7 +117,24 @@ func startPrivateBroker(t testing.TB, extraPorts int, extraEnv func(ports []int,
 	if err := ping(b.Addr, pingTimeout); err != nil {
 		t.Fatalf("kafkatest: private broker at %s: %v", b.Addr, err)
 	}
-	return b
+}
+
+// Restart starts a killed (or stopped) broker again on the same ports and the data it
+// left, as a broker restart in production: topics, committed offsets, transactions and
+// group state survive, after the broker's own log recovery.
+func (b *PrivateBroker) Restart(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), scriptTimeout)
+	defer cancel()
+	b.launch(t, ctx, "restart")
+}
+
+// Thaw resumes a broker stopped by Freeze.
+func (b *PrivateBroker) Thaw(t testing.TB) {
+	t.Helper()
+	if err := syscall.Kill(b.pid, syscall.SIGCONT); err != nil {
+		t.Fatalf("kafkatest: thaw broker %d: %v", b.pid, err)
+	}
 }
 
 // Freeze stops the broker process with SIGSTOP: its sockets stay open and nothing answers.

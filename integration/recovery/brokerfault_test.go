@@ -1,0 +1,128 @@
+//go:build integration
+
+package recovery
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/velocity-consumer/velocity-consumer/integration/kafkatest"
+)
+
+// TestServiceRidesOutBrokerFaults: the live service keeps running through
+// what a Kafka cluster does to its clients in production, here on a broker
+// of the test's own:
+//
+//   - a crash and restart (SIGKILL, then the broker started again on its
+//     data, after its log recovery): every connection drops, the group
+//     coordinator and the transaction coordinator reload their state;
+//   - a stall (SIGSTOP for longer than --session-timeout, then SIGCONT):
+//     requests hang instead of failing.
+//
+// Both land while the input is produced. A default-mode instance (file
+// store) and two exactly-once instances (kafka store, on the same broker)
+// must ride them out without a fatal error and catch up; afterwards every
+// input offset has at least one output (exactly one read_committed), each
+// byte-identical to the outputs of a clean instance that consumed the same
+// input after the faults.
+func TestServiceRidesOutBrokerFaults(t *testing.T) {
+	b := kafkatest.StartPrivateBroker(t)
+	addr := b.Addr
+	bin := buildBinary(t)
+	ctx := kafkatest.Context(t, 6*time.Minute)
+	adm := kafkatest.Admin(t, addr)
+	keep := map[string]string{"retention.ms": "-1"}
+	input := kafkatest.CreateTopic(t, addr, recPartitions, keep)
+	const n = 60_000
+	recs := genStream(23, n)
+
+	mk := func(name string, eos bool, store string) *scenario {
+		return &scenario{name: name, eos: eos, group: kafkatest.Group(t), store: store,
+			out: kafkatest.CreateTopic(t, addr, recPartitions, keep), dlq: kafkatest.CreateTopic(t, addr, 1, keep)}
+	}
+	clean := mk("clean", false, "file://"+t.TempDir())
+	alo := mk("at-least-once", false, "file://"+t.TempDir())
+	eos := mk("exactly-once", true, "kafka://"+kafkatest.Name(t, "snap"))
+	all := []*scenario{clean, alo, eos}
+	for _, sc := range all {
+		count := map[*scenario]int{clean: 1, alo: 1, eos: 2}[sc]
+		for i := range count {
+			sc.instances = append(sc.instances, newInstance(t, bin, fmt.Sprintf("%s-%d", sc.name, i), sc.args(addr, input)))
+		}
+	}
+	t.Cleanup(func() {
+		for _, sc := range all {
+			for _, in := range sc.instances {
+				in.kill(syscall.SIGKILL)
+			}
+		}
+	})
+	faulted := []*instance{alo.instances[0], eos.instances[0], eos.instances[1]}
+	for _, in := range faulted {
+		in.start()
+	}
+
+	var progress atomic.Int64
+	produced := make(chan error, 1)
+	go func() { produced <- produce(ctx, addr, input, recs, 40*time.Second, &progress) }()
+
+	waitProgress(ctx, &progress, n/4)
+	t0 := time.Now()
+	b.Kill(t)
+	time.Sleep(2 * time.Second)
+	b.Restart(t)
+	t.Logf("broker killed at %d of %d records produced and restarted in %s", n/4, n, time.Since(t0).Round(time.Millisecond))
+
+	waitProgress(ctx, &progress, 2*n/3)
+	b.Freeze(t)
+	time.Sleep(10 * time.Second) // --session-timeout is 6s
+	b.Thaw(t)
+	t.Logf("broker frozen for 10s at %d of %d records produced", 2*n/3, n)
+
+	if err := <-produced; err != nil {
+		t.Fatalf("produce the input: %v", err)
+	}
+	ends := endOffsets(t, ctx, adm, input)
+	clean.instances[0].start()
+	for _, sc := range all {
+		wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+		err := waitCommitted(wctx, adm, sc.group, input, ends)
+		cancel()
+		if err != nil {
+			t.Fatalf("%s: group %s did not commit the end of the input: %v; end of its first instance's log:\n%s",
+				sc.name, sc.group, err, tailLog(sc.instances[0].logs, 25))
+		}
+	}
+	for _, in := range faulted {
+		if !in.running() {
+			t.Errorf("%s stopped during the faults; end of its log:\n%s", in.logs, tailLog(in.logs, 25))
+		}
+	}
+	for _, sc := range all {
+		for _, in := range sc.instances {
+			in.kill(syscall.SIGTERM)
+		}
+	}
+	for _, in := range faulted {
+		log, _ := os.ReadFile(in.logs)
+		if bytes.Contains(log, []byte("stopping: fatal error")) {
+			t.Errorf("%s logged a fatal error:\n%s", in.logs, tailLog(in.logs, 25))
+		}
+	}
+
+	want := readOutputs(t, ctx, addr, clean, false, ends)
+	checkOutputs(t, ends, want, want, true)
+	for _, sc := range []*scenario{alo, eos} {
+		t.Run(sc.name, func(t *testing.T) {
+			got := readOutputs(t, ctx, addr, sc, sc.eos, ends)
+			checkOutputs(t, ends, got, want, sc.eos)
+			checkFinalState(t, got, want)
+		})
+	}
+}
