@@ -11,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 )
@@ -120,16 +122,6 @@ func (s *JSONLSource) Read(ctx context.Context, p int32, prog *Progress, fn func
 	}
 }
 
-// jsonTransaction holds the raw fields so that each can be checked for its
-// JSON type: a string where a long belongs is a decode error, as in Avro.
-type jsonTransaction struct {
-	EventID     json.RawMessage `json:"event_id"`
-	EntityID    json.RawMessage `json:"entity_id"`
-	AmountMinor json.RawMessage `json:"amount_minor"`
-	Currency    json.RawMessage `json:"currency"`
-	EventTime   json.RawMessage `json:"event_time"`
-}
-
 func parseJSONTransaction(line []byte, tx *codec.Transaction) *codec.Rejection {
 	if parseJSONFast(line, tx) {
 		return nil
@@ -138,25 +130,40 @@ func parseJSONTransaction(line []byte, tx *codec.Transaction) *codec.Rejection {
 	return parseJSONGeneral(line, tx)
 }
 
-// parseJSONGeneral is encoding/json's reading of a line, the reference
-// behaviour: any JSON, escapes and all, with the field type checks above.
+// parseJSONGeneral is the reference reading of a line: any JSON object,
+// escapes and all, each field checked for its JSON type (a string where a
+// long belongs is a decode error, as in Avro).
+//
+// Two things differ from decoding into a struct with encoding/json, on
+// purpose. Field names match exactly, as Avro's do (encoding/json would take
+// "EVENT_ID" for event_id). And a string keeps the bytes the line holds:
+// encoding/json replaces invalid UTF-8 and lone surrogate escapes with
+// U+FFFD, which would make two different invalid ids equal (a false
+// duplicate) and merge entities, where the same bytes in an Avro record are
+// dead-lettered as invalid:<field>. Here they reach the validator as they
+// are, and are dead-lettered the same way.
 func parseJSONGeneral(line []byte, tx *codec.Transaction) *codec.Rejection {
-	var j jsonTransaction
-	if err := json.Unmarshal(line, &j); err != nil {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(line, &fields); err != nil {
 		return &codec.Rejection{Reason: codec.ReasonDecode, Detail: "not a JSON transaction object: " + err.Error()}
 	}
+	if fields == nil {
+		return &codec.Rejection{Reason: codec.ReasonDecode, Detail: "not a JSON transaction object: null"}
+	}
 	var rej *codec.Rejection
-	str := func(field string, raw json.RawMessage) string {
+	str := func(field string) string {
+		raw := fields[field]
 		if rej != nil || len(raw) == 0 || string(raw) == "null" {
 			return ""
 		}
-		var s string
-		if raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
+		s, ok := unquoteJSON(raw)
+		if !ok {
 			rej = &codec.Rejection{Reason: codec.ReasonDecode, Detail: field + ": want a JSON string, got " + clip(raw)}
 		}
 		return s
 	}
-	long := func(field string, raw json.RawMessage) int64 {
+	long := func(field string) int64 {
+		raw := fields[field]
 		if rej != nil {
 			return 0
 		}
@@ -170,12 +177,97 @@ func parseJSONGeneral(line []byte, tx *codec.Transaction) *codec.Rejection {
 		}
 		return v
 	}
-	tx.EventID = str("event_id", j.EventID)
-	tx.EntityID = str("entity_id", j.EntityID)
-	tx.AmountMinor = long("amount_minor", j.AmountMinor)
-	tx.Currency = str("currency", j.Currency)
-	tx.EventTime = long("event_time", j.EventTime)
+	tx.EventID = str("event_id")
+	tx.EntityID = str("entity_id")
+	tx.AmountMinor = long("amount_minor")
+	tx.Currency = str("currency")
+	tx.EventTime = long("event_time")
 	return rej
+}
+
+// unquoteJSON decodes a JSON string token that encoding/json has already
+// checked for syntax, keeping what encoding/json would replace with U+FFFD:
+// bytes that are not UTF-8 are copied as they are, and a \u escape of a lone
+// surrogate becomes its three-byte (invalid UTF-8) form. ok is false when raw
+// is not a string token.
+func unquoteJSON(raw []byte) (string, bool) {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return "", false
+	}
+	raw = raw[1 : len(raw)-1]
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return string(raw), true
+	}
+	out := make([]byte, 0, len(raw))
+	for i := 0; i < len(raw); i++ {
+		c := raw[i]
+		if c != '\\' {
+			out = append(out, c)
+			continue
+		}
+		if i+1 >= len(raw) {
+			return "", false
+		}
+		i++
+		switch raw[i] {
+		case '"', '\\', '/':
+			out = append(out, raw[i])
+		case 'b':
+			out = append(out, '\b')
+		case 'f':
+			out = append(out, '\f')
+		case 'n':
+			out = append(out, '\n')
+		case 'r':
+			out = append(out, '\r')
+		case 't':
+			out = append(out, '\t')
+		case 'u':
+			r, ok := hex4(raw[i+1:])
+			if !ok {
+				return "", false
+			}
+			i += 4
+			if utf16.IsSurrogate(r) {
+				// A high surrogate followed by an escaped low one is one
+				// character; anything else is a lone surrogate.
+				if r < 0xdc00 && i+2 < len(raw) && raw[i+1] == '\\' && raw[i+2] == 'u' {
+					if r2, ok := hex4(raw[i+3:]); ok && 0xdc00 <= r2 && r2 <= 0xdfff {
+						out = utf8.AppendRune(out, utf16.DecodeRune(r, r2))
+						i += 6
+						continue
+					}
+				}
+				out = append(out, 0xe0|byte(r>>12), 0x80|byte(r>>6)&0x3f, 0x80|byte(r)&0x3f)
+				continue
+			}
+			out = utf8.AppendRune(out, r)
+		default:
+			return "", false
+		}
+	}
+	return string(out), true
+}
+
+// hex4 reads the four hex digits of a \u escape.
+func hex4(b []byte) (rune, bool) {
+	if len(b) < 4 {
+		return 0, false
+	}
+	var r rune
+	for _, c := range b[:4] {
+		switch {
+		case '0' <= c && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case 'a' <= c && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case 'A' <= c && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
 }
 
 func clip(raw []byte) string {

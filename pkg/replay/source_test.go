@@ -2,6 +2,7 @@ package replay
 
 import (
 	"context"
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -72,7 +73,19 @@ func TestJSONLSource(t *testing.T) {
 			&codec.Transaction{EventID: "a", AmountMinor: 5, EventTime: 1793491200000}, ""},
 		{"escaped unicode in ids", `{"event_id":"\u00e9","entity_id":"c\"1","amount_minor":0,"event_time":1793491200000}`,
 			&codec.Transaction{EventID: "é", EntityID: `c"1`, EventTime: 1793491200000}, ""},
+		// The bytes reach the validator as they are (it dead-letters them as
+		// invalid:event_id, as in an Avro record): encoding/json would make
+		// both of these "b\uFFFD", one id, and the second a false duplicate.
+		{"invalid UTF-8 kept", "{\"event_id\":\"b\xff\",\"entity_id\":\"c1\",\"amount_minor\":5,\"event_time\":1793491200000}",
+			&codec.Transaction{EventID: "b\xff", EntityID: "c1", AmountMinor: 5, EventTime: 1793491200000}, ""},
+		{"lone surrogate escape kept", `{"event_id":"a","entity_id":"c\ud800","amount_minor":5,"event_time":1793491200000}`,
+			&codec.Transaction{EventID: "a", EntityID: "c\xed\xa0\x80", AmountMinor: 5, EventTime: 1793491200000}, ""},
+		{"field names match exactly", `{"EVENT_ID":"x","event_id":"a","Entity_Id":"y","entity_id":"c1","amount_minor":5,"event_time":1793491200000}`,
+			&codec.Transaction{EventID: "a", EntityID: "c1", AmountMinor: 5, EventTime: 1793491200000}, ""},
+		{"a name in another case is not the field", `{"event_id":"a","ENTITY_ID":"c1","amount_minor":5,"event_time":1793491200000}`,
+			&codec.Transaction{EventID: "a", AmountMinor: 5, EventTime: 1793491200000}, ""},
 		{"not JSON", `event_id=a`, nil, "not a JSON transaction object"},
+		{"null", `null`, nil, "not a JSON transaction object"},
 		{"a JSON array", `[1,2]`, nil, "not a JSON transaction object"},
 		{"amount as a string", `{"event_id":"a","entity_id":"c1","amount_minor":"5","event_time":1793491200000}`, nil, "amount_minor: want a JSON integer"},
 		{"fractional amount", `{"event_id":"a","entity_id":"c1","amount_minor":5.5,"event_time":1793491200000}`, nil, "amount_minor: want a JSON integer"},
@@ -353,5 +366,40 @@ func TestWarmUp(t *testing.T) {
 				t.Errorf("result %+v, want %d warm-up and %d records all accounted for", res, n, 12-n)
 			}
 		})
+	}
+}
+
+// TestJSONLInvalidUTF8DeadLettered replays ids that are not UTF-8, raw and as
+// lone surrogate escapes, end to end: each is dead-lettered as invalid:<field>
+// as the same bytes in an Avro record are, not read as U+FFFD (which made the
+// second line a duplicate of the first, and the last two lines one entity).
+func TestJSONLInvalidUTF8DeadLettered(t *testing.T) {
+	lines := []string{
+		`{"event_id":"b` + "\xff" + `","entity_id":"k","amount_minor":1,"currency":"","event_time":1793491200000}`,
+		`{"event_id":"b` + "\xfe" + `","entity_id":"k","amount_minor":1,"currency":"","event_time":1793491200000}`,
+		`{"event_id":"c","entity_id":"k` + "\xff" + `","amount_minor":1,"currency":"","event_time":1793491200000}`,
+		`{"event_id":"d","entity_id":"k` + "\uFFFD" + `","amount_minor":1,"currency":"","event_time":1793491200000}`,
+		`{"event_id":"e\ud800","entity_id":"k","amount_minor":1,"currency":"","event_time":1793491200000}`,
+		`{"event_id":"e\udfff","entity_id":"k","amount_minor":1,"currency":"","event_time":1793491200000}`,
+	}
+	in := writeFile(t, "in.jsonl", strings.Join(lines, "\n")+"\n")
+	dir := t.TempDir()
+	feat, dead := filepath.Join(dir, "f.jsonl"), filepath.Join(dir, "d.jsonl")
+	replayFiles(t, in, feat, dead, exampleConfig(t))
+
+	wantDead := map[int64]string{0: "invalid:event_id", 1: "invalid:event_id", 2: "invalid:entity_id", 4: "invalid:event_id", 5: "invalid:event_id"}
+	gotDead := map[int64]string{}
+	for _, d := range readLines[jsonDead](t, dead) {
+		gotDead[d.SourceOffset] = d.Reason
+		if !strings.Contains(d.Error, "not valid UTF-8") {
+			t.Errorf("offset %d: error %q, want it to say the field is not valid UTF-8", d.SourceOffset, d.Error)
+		}
+	}
+	if !maps.Equal(gotDead, wantDead) {
+		t.Errorf("dead letters by offset %v, want %v", gotDead, wantDead)
+	}
+	fs := readLines[jsonFeatures](t, feat)
+	if len(fs) != 1 || fs[0].SourceOffset != 3 || fs[0].EntityID != "k\uFFFD" || fs[0].Windows[0].Count != 1 || fs[0].MsSincePrevious != nil {
+		t.Errorf("features %+v, want one record for offset 3: the first event of entity \"k\\uFFFD\"", fs)
 	}
 }
