@@ -207,6 +207,12 @@ func runReplay(ctx context.Context, r *replayFlags, log *zap.Logger) error {
 		fields = append(fields, zap.Int64("dead_"+string(reason), res.ByReason[reason]))
 	}
 	log.Info("replay complete", fields...)
+	if res.CapEvicted > 0 {
+		// As the live service warns: the features of an entity seen again
+		// after its eviction lack its earlier history.
+		log.Warn("--max-entities reached: evicted least recently active entities; raise it (0 = unlimited) for features with their full history",
+			zap.Uint64("evicted", res.CapEvicted), zap.Int("max_entities", r.pipe.maxEntities))
+	}
 	if dead == nil && res.Dead > 0 {
 		log.Warn("dead letters were counted but not written: give --dlq to keep them", zap.Int64("dead_letters", res.Dead))
 	}

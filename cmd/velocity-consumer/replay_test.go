@@ -14,6 +14,7 @@ import (
 
 	"github.com/linkedin/goavro/v2"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/replay"
 	"github.com/velocity-consumer/velocity-consumer/schemas"
@@ -200,6 +201,45 @@ func TestProgressSnapshot(t *testing.T) {
 				t.Errorf("bar %q (%d wide), want at most 80 wide containing %q", line, len(line), tt.wantBarSubstring)
 			}
 			s.log(zap.NewNop()) // must not panic on any reading
+		})
+	}
+}
+
+// TestReplayWarnsAtMaxEntities: when the --max-entities cap evicts entities,
+// replay says so, as the live service does (DESIGN: "with a metric and a
+// warning"); under the cap it stays quiet.
+func TestReplayWarnsAtMaxEntities(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "in.jsonl")
+	var b strings.Builder
+	for i := range 30 {
+		b.WriteString(`{"event_id":"e` + strconv.Itoa(i) + `","entity_id":"c` + strconv.Itoa(i%3) + `","amount_minor":1,"event_time":` + strconv.Itoa(1793491200000+i) + "}\n")
+	}
+	if err := os.WriteFile(in, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		max         string
+		wantEvicted uint64 // 0: no warning
+	}{{"3", 0}, {"2", 28}} {
+		t.Run("max "+tt.max, func(t *testing.T) {
+			var r replayFlags
+			e := newEnvFlags("replay", replayUsage)
+			r.register(e)
+			if err := e.Parse([]string{"--input-file", in, "--output", filepath.Join(t.TempDir(), "f.jsonl"), "--quiet", "--max-entities", tt.max}); err != nil {
+				t.Fatal(err)
+			}
+			core, logs := observer.New(zap.InfoLevel)
+			if err := runReplay(context.Background(), &r, zap.New(core)); err != nil {
+				t.Fatal(err)
+			}
+			warned := logs.FilterMessageSnippet("--max-entities reached").All()
+			switch {
+			case tt.wantEvicted == 0 && len(warned) != 0:
+				t.Errorf("warned under the cap: %v", warned[0].ContextMap())
+			case tt.wantEvicted > 0 && (len(warned) != 1 || warned[0].Level != zap.WarnLevel || warned[0].ContextMap()["evicted"] != tt.wantEvicted):
+				t.Errorf("warnings %v, want one warning with evicted=%d", warned, tt.wantEvicted)
+			}
 		})
 	}
 }

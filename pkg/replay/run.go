@@ -59,6 +59,9 @@ type Result struct {
 	Dead       int64
 	ByReason   map[codec.Reason]int64
 	Partitions []int32
+	// CapEvicted is how many entities the --max-entities cap evicted, warm-up
+	// included: an entity seen again afterwards lost its earlier history.
+	CapEvicted uint64
 }
 
 // Reasons returns the dead-letter reasons in a stable order, for reports.
@@ -175,6 +178,7 @@ func runPartition(ctx context.Context, src Source, p int32, cfg Config, prog *Pr
 	// The end of the range: release everything still waiting for the
 	// watermark, in (event_time, offset) order, as DESIGN "Reorder" says.
 	proc.Flush(emit)
+	res.CapEvicted += proc.CapEvictions()
 	if sinkErr != nil {
 		return fmt.Errorf("replay partition %d: %w", p, sinkErr)
 	}
