@@ -127,11 +127,11 @@ type pipelineFlags struct {
 func (p *pipelineFlags) register(e *envFlags) {
 	e.String(&p.windows, "windows", window.DefaultSpecs, "comma-separated windows W:b (window length : bucket width); W must be a multiple of b")
 	e.Duration(&p.allowedLateness, "allowed-lateness", time.Second, "how far behind the partition's newest event time an event may be before it is late")
-	e.String(&p.late, "late", "dlq", "what to do with late events: dlq (dead-letter, uncounted) or apply (count if the bucket is still retained, emit with late=true)")
+	e.String(&p.late, "late", "dlq", "what to do with late events: dlq (dead-letter, uncounted) or apply (count it if its bucket is still retained and it is at most the largest window behind the watermark, emit with late=true)")
 	e.Duration(&p.idleTimeout, "idle-timeout", 2*time.Second, "live mode: release every pending event of a partition that delivered nothing for this long (0 disables; replay never uses it)")
 	e.Duration(&p.dedupeHorizon, "dedupe-horizon", 24*time.Hour, "remember accepted event_ids for this much event time to dead-letter duplicates")
 	e.Int(&p.maxEntities, "max-entities", 5_000_000, "per partition: most entities kept; beyond it the least recently active is evicted, with a warning and a metric (0 = unlimited)")
-	e.Duration(&p.entityTTL, "entity-ttl", 7*24*time.Hour, "keep an entity whose windows are empty this long after its last event, so ms_since_previous spans gaps longer than the windows")
+	e.Duration(&p.entityTTL, "entity-ttl", 7*24*time.Hour, "how far back ms_since_previous reaches (null beyond it); an entity whose windows are empty is kept this long after its last event")
 	e.Int(&p.maxRecordBytes, "max-record-bytes", 1<<20, "input values larger than this are dead-lettered as too_large")
 	e.String(&p.writerSchema, "writer-schema", "", "path to the Avro schema the input was written with, if it is not schemas/transaction.avsc (fields may be added or reordered)")
 	e.Duration(&p.maxAhead, "max-ahead", 24*time.Hour, "dead-letter events more than this far ahead of the partition's newest event time as invalid:event_time")

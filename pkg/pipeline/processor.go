@@ -34,6 +34,9 @@ const (
 	LateDLQ LatePolicy = iota
 	// LateApply counts a late event if its bucket is still retained in every
 	// window and emits its features with late=true; otherwise it is dead-lettered.
+	// Retained means within the window of the entity's newest event, and at most
+	// the largest window behind the watermark: idle entities are swept that far
+	// behind it, so a sweep never drops what a counted late event reads.
 	LateApply
 )
 
@@ -124,6 +127,11 @@ type Processor struct {
 	lastSweep int64 // watermark at the last idle-entity sweep
 	stats     Stats
 
+	// lateHorizon is, under --late=apply, the largest window: how far behind the
+	// watermark a late event may be and still be counted, and how far behind it
+	// sweeps run. 0 under --late=dlq.
+	lateHorizon int64
+
 	tx       codec.Transaction
 	aggs     []window.Agg
 	feat     codec.Features
@@ -155,6 +163,11 @@ func New(cfg Config, next int64) (*Processor, error) {
 }
 
 func (p *Processor) init() {
+	if p.cfg.Late == LateApply {
+		for _, s := range p.cfg.Specs {
+			p.lateHorizon = max(p.lateHorizon, s.WindowMs)
+		}
+	}
 	p.aggs = make([]window.Agg, len(p.cfg.Specs))
 	p.feat.Windows = make([]codec.WindowAgg, len(p.cfg.Specs))
 	for i, s := range p.cfg.Specs {
@@ -223,6 +236,12 @@ func (p *Processor) Process(r Record, emit func(*Output)) {
 		return
 	case watermark.Late:
 		wm, _ := p.stage.Watermark()
+		behind := uint64(wm) - uint64(ev.EventTime) // wm > EventTime: exact, whatever the range
+		if p.cfg.Late == LateApply && behind > uint64(p.lateHorizon) {
+			p.dead(&r, codec.ReasonLate, fmt.Sprintf("event_time %d is %d ms behind the watermark %d, more than the largest window (%d ms): too old to count under --late=apply",
+				ev.EventTime, behind, wm, p.lateHorizon), emit)
+			return
+		}
 		if p.cfg.Late == LateApply {
 			if err := p.apply(&ev, true, emit); err == nil {
 				p.stage.Remember(ev.EventID, ev.EventTime)
@@ -394,7 +413,10 @@ func (p *Processor) maybeSweep() {
 		return
 	}
 	p.lastSweep = wm
-	p.stats.Evicted += uint64(p.table.EvictIdle(wm))
+	if wm < math.MinInt64+p.lateHorizon {
+		return // cannot be: event times are bounded far inside int64
+	}
+	p.stats.Evicted += uint64(p.table.EvictIdle(wm - p.lateHorizon))
 }
 
 // Snapshot format (inside pkg/checkpoint's versioned, checksummed frame):

@@ -363,6 +363,44 @@ func TestLateApply(t *testing.T) {
 	}
 }
 
+// TestLateApplyAfterSweep: under --late=apply the idle-entity sweep must not
+// drop what a counted late event reads. Entity X's only event is at T; another
+// entity moves the watermark past X's windows and triggers a sweep, which used
+// to drop X's buckets (keeping its header), so that a late event of X was
+// counted on emptied buckets: count 1 where X's history gives 2. Sweeps now run
+// the largest window behind the watermark, and a late event further behind than
+// that is not counted (it could need what a sweep dropped).
+func TestLateApplyAfterSweep(t *testing.T) {
+	p := newTestProcessor(t, "10s:1s,1m:10s", 2000, LateApply)
+	got := map[int64]result{}
+	emit := collect(t, got)
+	send := func(off int64, id, entity string, at, amount int64) {
+		tx := codec.Transaction{EventID: id, EntityID: entity, AmountMinor: amount, EventTime: exampleT + at}
+		p.Process(Record{Topic: "tx", Offset: off, Key: []byte(entity), Value: codec.EncodeTransaction(&tx)}, emit)
+	}
+	send(0, "x1", "X", 0, 5)
+	send(1, "y1", "Y", 65_000, 1) // watermark T+63 s: X is idle in both windows; a sweep is due
+	send(2, "x2", "X", 5_000, 7)  // 58 s behind: within the largest window (1m), counted
+	send(3, "y2", "Y", 70_000, 1) // watermark T+68 s
+	send(4, "x3", "X", 2_000, 9)  // 66 s behind: more than the largest window, not counted
+	p.Flush(emit)
+	if st := p.Stats(); st.LateApplied != 1 {
+		t.Errorf("late applied %d, want 1", st.LateApplied)
+	}
+	r := got[2]
+	if r.dead || !r.f.Late || r.f.MsSincePrevious != 5000 || !r.f.HasPrevious {
+		t.Fatalf("x2: %+v, want features late=true, 5000 ms since x1", r)
+	}
+	for _, w := range r.f.Windows {
+		if w.Count != 2 || w.SumMinor != 12 || w.MinMinor != 5 || w.MaxMinor != 7 {
+			t.Errorf("x2 window %s: %+v, want x1 and x2 (count 2, sum 12)", w.Name, w)
+		}
+	}
+	if r := got[4]; !r.dead || r.reason != codec.ReasonLate {
+		t.Errorf("x3: %+v, want a late dead letter", r)
+	}
+}
+
 // BenchmarkProcess measures decode → validate → dedupe → reorder → window →
 // encode for one partition: Zipf-free uniform access over 100 000 entities,
 // events in order (lateness 0), the default windows.

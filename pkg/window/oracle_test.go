@@ -99,6 +99,9 @@ func (o *oracle) apply(id string, ts, a int64) ([]Agg, int64, bool, error) {
 	e.compacted = false
 	o.clock++
 	e.active = o.clock
+	if gap > o.ttl {
+		return out, 0, false, nil // remembered for the TTL only, however late the sweep
+	}
 	return out, gap, hadPrev, nil
 }
 

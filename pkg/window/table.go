@@ -28,10 +28,12 @@ type Options struct {
 	// MaxEntities bounds the table: 0 = unlimited; when full, creating an entity
 	// evicts the least recently active one (counted by CapEvictions).
 	MaxEntities int
-	// HistoryTTLMs: 0 = default 7 days. An entity whose newest counted event is older
-	// than (watermark − HistoryTTL) and whose windows are all empty is evicted by
-	// EvictIdle; until then it is kept (as a small header once its windows are empty)
-	// so that ms_since_previous can still be reported.
+	// HistoryTTLMs: 0 = default 7 days. How far back an entity's previous event is
+	// remembered for ms_since_previous: Apply reports no previous event when it is
+	// more than HistoryTTL before the event applied, exactly, whenever EvictIdle
+	// runs. EvictIdle evicts an entity whose newest counted event is older than
+	// (watermark − HistoryTTL) and whose windows are all empty; until then it is
+	// kept (as a small header once its windows are empty).
 	HistoryTTLMs int64
 }
 
@@ -159,7 +161,9 @@ func floorDiv(a, b int64) int64 {
 // Apply counts one event for entity and writes the aggregates of window i into out[i]
 // (len(out) >= len(specs)), e included. prevGap = t − (event time of the entity's
 // previous counted event, in apply order); hasPrev=false when the entity has no
-// retained previous event.
+// retained previous event: none, or one more than HistoryTTL before t (whether or
+// not EvictIdle has evicted it yet, so that the answer does not depend on when it
+// runs).
 //
 // In-order events (eventTime >= the entity's newest event) read buckets k−N+1 … k.
 // An older event lands in its own bucket if that bucket is still retained in every
@@ -230,6 +234,9 @@ func (t *Table) Apply(entity string, eventTime, amount int64, out []Agg) (prevGa
 	if t.maxEntities > 0 {
 		t.lruUnlink(slot)
 		t.lruPushFront(slot)
+	}
+	if prevGap > t.ttl {
+		return 0, false, nil
 	}
 	return prevGap, true, nil
 }

@@ -1,6 +1,7 @@
 package window
 
 import (
+	"cmp"
 	"errors"
 	"math"
 	"slices"
@@ -339,9 +340,12 @@ func TestEvictIdle(t *testing.T) {
 					t.Fatalf("%s: shrunk=%v, want %v", id, shrunk, tc.wantShrunk)
 				}
 			}
+			// Kept or not, a previous event more than the TTL back is not reported.
+			ttl := cmp.Or(tc.ttl, defaultHistoryTTLMs)
+			wantPrev := tc.wm-tc.lastAt <= ttl
 			gap, hasPrev, err := tbl.Apply("quiet", tc.wm, 1, out)
-			if err != nil || !hasPrev || gap != tc.wm-tc.lastAt {
-				t.Fatalf("gap %d %v %v", gap, hasPrev, err)
+			if err != nil || hasPrev != wantPrev || wantPrev && gap != tc.wm-tc.lastAt {
+				t.Fatalf("gap %d %v %v, want previous event %v", gap, hasPrev, err, wantPrev)
 			}
 		})
 	}
