@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"bytes"
 	"encoding/json"
 	"math/rand/v2"
 	"strings"
@@ -124,6 +125,47 @@ func FuzzUnquoteJSON(f *testing.F) {
 		}
 		if !utf8.ValidString(got) && utf8.ValidString(want) && !strings.ContainsRune(want, utf8.RuneError) {
 			t.Fatalf("unquoteJSON(%q) = %q is not UTF-8, yet encoding/json replaced nothing (%q)", raw, got, want)
+		}
+	})
+}
+
+// FuzzParseJSONTransaction: any line is read without panicking, as a
+// transaction or a decode rejection; the fast path never reads a line
+// differently from the general parser; and a transaction read from a line
+// has the line's own bytes in its strings (nothing replaced by U+FFFD that
+// the line does not hold).
+func FuzzParseJSONTransaction(f *testing.F) {
+	for _, s := range []string{
+		`{"event_id":"e1","entity_id":"card-A","amount_minor":1000,"currency":"EUR","event_time":1793491200000}`,
+		`{"event_id":"e\u00e9","entity_id":"c\"1","amount_minor":0,"event_time":-1,"extra":{"a":[1,2]}}`,
+		"{\"event_id\":\"b\xff\",\"entity_id\":\"k\",\"amount_minor\":1,\"event_time\":1}",
+		`{"event_id":"a\ud800","entity_id":null,"amount_minor":1,"event_time":1}`,
+		`{"EVENT_ID":"x","event_id":"a","entity_id":"k","amount_minor":5.5,"event_time":1}`,
+		`null`, `[]`, `{}`, `{"event_id":`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, line []byte) {
+		var general codec.Transaction
+		rej := parseJSONGeneral(line, &general)
+		if rej != nil && rej.Reason != codec.ReasonDecode {
+			t.Fatalf("rejection %q, want decode", rej.Reason)
+		}
+		var fast codec.Transaction
+		if parseJSONFast(line, &fast) {
+			if rej != nil {
+				t.Fatalf("fast path accepted %q, the general parser refuses it: %v", line, rej)
+			}
+			if fast != general {
+				t.Fatalf("%q:\nfast    %+v\ngeneral %+v", line, fast, general)
+			}
+		}
+		if rej == nil {
+			for _, s := range []string{general.EventID, general.EntityID, general.Currency} {
+				if strings.Contains(s, "\uFFFD") && !bytes.Contains(line, []byte("\uFFFD")) && !bytes.Contains(bytes.ToLower(line), []byte(`\ufffd`)) {
+					t.Fatalf("%q: read %q, a U+FFFD the line does not hold", line, s)
+				}
+			}
 		}
 	})
 }
