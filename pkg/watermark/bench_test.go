@@ -185,13 +185,13 @@ func BenchmarkEncodeSegment(b *testing.B) {
 		buf := make([]byte, 0, size)
 		b.SetBytes(int64(size))
 		for b.Loop() {
-			buf = encodeSegment(buf[:0], &v, 0, 0)
+			buf = encodeSegment(buf[:0], &v, 0, segment{count: n})
 		}
 	})
 	b.Run("fresh", func(b *testing.B) {
 		b.SetBytes(int64(size))
 		for b.Loop() {
-			buf := encodeSegment(nil, &v, 0, 0)
+			buf := encodeSegment(nil, &v, 0, segment{count: n})
 			if len(buf) != size {
 				b.Fatalf("segment of %d bytes, want %d", len(buf), size)
 			}

@@ -28,9 +28,13 @@ import (
 // written about log_segFanIn(checkpoints per horizon) times, and the list holds
 // at most segFanIn−1 segments per level. Segments whose range fell wholly
 // before base drop out of the list. The first segmented snapshot after a
-// restore writes every live id as one segment of the top level (the restored
-// ring is numbered afresh), and the segments the restored snapshot listed are
-// then released like any others.
+// restore writes every live id again, into segments of the top level (the
+// restored ring is numbered afresh), and the segments the restored snapshot
+// listed are then released like any others. It writes them in pieces of at
+// most the cap below, so that writing them needs a buffer of one piece, not of
+// the whole set, and the oldest pieces drop out of the list as their ids leave
+// the horizon instead of the whole set staying listed (and read at every
+// restore) until its last id has.
 //
 // The cap: no merge makes a segment of more than Config.MaxMergeBytes. The
 // new segment then stays at its level beside the ones it would have absorbed,
@@ -89,9 +93,9 @@ func (g segment) end() uint64 { return g.first + g.count }
 // segPlan is what a segmented snapshot will write and list.
 type segPlan struct {
 	base    uint64    // absolute index of view entry 0
-	list    []segment // the snapshot's list; the last one is new when write
-	write   bool      // the last segment of list is to be written by Finish
-	from    uint64    // absolute index the new segment starts at
+	list    []segment // the snapshot's list; list[newAt:] are new when write
+	write   bool      // list[newAt:] are to be written by Finish
+	newAt   int       // index in list of the first new segment
 	dropped [][]byte  // refs in the saved list that this list no longer has
 }
 
@@ -112,10 +116,13 @@ func (s *Stage) planSegments() *segPlan {
 	switch {
 	case len(kept) == 0:
 		// Nothing to build on (first snapshot, or the first after a restore):
-		// every live id in one segment.
+		// every live id, in pieces of at most the cap.
 		if end > base {
-			p.write, p.from = true, base
-			kept = append(kept, segment{first: base, count: end - base, level: segTopLevel})
+			p.write = true
+			piece := max(s.maxMerge, 1)
+			for from := base; from < end; from += piece {
+				kept = append(kept, segment{first: from, count: min(piece, end-from), level: segTopLevel})
+			}
 		}
 	case kept[len(kept)-1].end() < end:
 		level, i := uint8(0), len(kept)
@@ -137,7 +144,7 @@ func (s *Stage) planSegments() *segPlan {
 			from = max(kept[i].first, base)
 		}
 		kept = append(kept[:i], segment{first: from, count: end - from, level: level})
-		p.write, p.from = true, from
+		p.write, p.newAt = true, i
 	}
 	p.list = kept
 	return p
@@ -161,16 +168,17 @@ func appendSegmentList(dst []byte, p *segPlan) []byte {
 // verified whatever store holds it.
 //
 //	"VCWS" version:u8 first:u64 count:u64, count × (hashHi:u64 hashLo:u64 eventTime:i64), crc32c:u32
-func encodeSegment(dst []byte, v *idView, base, from uint64) []byte {
+//
+// It holds the view's entries g.first … g.end()−1; view entry 0 is at base.
+func encodeSegment(dst []byte, v *idView, base uint64, g segment) []byte {
 	dst = append(dst, segMagic...)
 	dst = append(dst, segVersion)
-	dst = binary.LittleEndian.AppendUint64(dst, from)
-	n := uint64(v.n) - (from - base)
-	dst = binary.LittleEndian.AppendUint64(dst, n)
+	dst = binary.LittleEndian.AppendUint64(dst, g.first)
+	dst = binary.LittleEndian.AppendUint64(dst, g.count)
 	// One allocation of the exact size, not a chain of doublings: a merged
 	// segment is tens of MB, and the buffer is kept for the next one.
-	dst = slices.Grow(dst, int(n)*idEntryLen+crcLen)
-	for i := int(from - base); i < v.n; i++ {
+	dst = slices.Grow(dst, int(g.count)*idEntryLen+crcLen)
+	for i := int(g.first - base); i < int(g.end()-base); i++ {
 		dst = appendID(dst, v.at(i))
 	}
 	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst, castagnoli))

@@ -252,6 +252,63 @@ func TestSegmentedRestoreStartsAFreshList(t *testing.T) {
 	}
 }
 
+// TestSegmentedRestoreWritesCappedPieces: the new owner's first snapshot writes
+// every live id again, in pieces of at most the merge cap (one piece would need
+// a buffer of the whole set and stay listed until its last id expires). The
+// snapshot restores exactly, and the oldest pieces leave the list (and the
+// store) as their ids leave the horizon.
+func TestSegmentedRestoreWritesCappedPieces(t *testing.T) {
+	const capIDs = 700
+	store := newMemSegments()
+	cfg := Config{DedupeHorizon: 4000, Segments: store, MaxMergeBytes: capIDs * idEntryLen}
+	s := mustNew(t, cfg)
+	next := 0
+	offer := func(st *Stage, n int) {
+		for range n {
+			st.Offer(Event{Offset: int64(next), EventTime: int64(next), EventID: fmt.Sprint(next), EntityID: "x"})
+			next++
+		}
+	}
+	offer(s, 3000)
+	snap := segmentedCheckpoint(t, s, store, nil)
+	st, err := Restore(cfg, snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	offer(st, 10)
+	want := st.AppendSnapshot(nil)
+	first := segmentedCheckpoint(t, st, store, nil)
+	got, err := Restore(cfg, first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got.AppendSnapshot(nil), want) {
+		t.Fatal("the first snapshot after the restore does not restore the state it was taken of")
+	}
+	pieces := got.segSaved
+	if len(pieces) != (3010+capIDs-1)/capIDs {
+		t.Fatalf("%d segments for 3 010 ids at %d ids a piece", len(pieces), capIDs)
+	}
+	for _, g := range pieces {
+		if g.count > capIDs || g.level != segTopLevel {
+			t.Fatalf("piece %d+%d at level %d: more than the cap, or not a whole-set piece", g.first, g.count, g.level)
+		}
+	}
+	// 2 000 more ids: the horizon (4 000 of event time) passes the first
+	// pieces' ids, and they leave the list, then the store.
+	offer(st, 2000)
+	segmentedCheckpoint(t, st, store, nil)
+	offer(st, 10)
+	last := segmentedCheckpoint(t, st, store, nil)
+	listed := refsOf(t, cfg, last)
+	if slices.Contains(listed, string(pieces[0].ref)) || slices.Contains(store.keys(), string(pieces[0].ref)) {
+		t.Fatalf("the oldest piece, all of whose ids expired, is still listed or stored")
+	}
+	if !slices.Contains(listed, string(pieces[len(pieces)-1].ref)) {
+		t.Fatalf("the newest piece, whose ids are live, left the list")
+	}
+}
+
 // TestSegmentedRestoreFailures: a missing or damaged segment, or no store to read
 // from, fails the restore with an error; never a stage with ids missing.
 func TestSegmentedRestoreFailures(t *testing.T) {

@@ -64,6 +64,7 @@ type PendingSnapshot struct {
 	plan    *segPlan
 	store   SegmentStore
 	segBuf  []byte
+	segSize int // bytes of the segments Finish wrote
 }
 
 // BeginSnapshot appends the part of the stage's snapshot that is cheap to encode (the
@@ -163,12 +164,12 @@ func (s *Stage) BeginSnapshotWith(dst []byte, segmented bool) ([]byte, *PendingS
 	return dst, p
 }
 
-// SegmentBytes is the size of the dedupe segment Finish wrote (0 if none).
+// SegmentBytes is the size of the dedupe segments Finish wrote (0 if none).
 func (p *PendingSnapshot) SegmentBytes() int {
-	if p == nil || p.plan == nil || !p.plan.write {
+	if p == nil {
 		return 0
 	}
-	return len(p.segBuf)
+	return p.segSize
 }
 
 // Size is at most how many bytes Finish appends.
@@ -194,15 +195,19 @@ func (p *PendingSnapshot) Finish(dst []byte, start int) ([]byte, error) {
 		panic("watermark: PendingSnapshot.Finish on bytes other than BeginSnapshot's")
 	}
 	if !p.sync && p.plan != nil {
-		p.segBuf = encodeSegment(p.segBuf[:0], &p.view, p.plan.base, p.plan.from)
-		ref, err := p.store.PutSegment(p.segBuf)
-		if err != nil {
-			return dst, fmt.Errorf("write dedupe segment: %w", err)
+		// One buffer for every piece: PutSegment is done with it on return.
+		for i := p.plan.newAt; i < len(p.plan.list); i++ {
+			p.segBuf = encodeSegment(p.segBuf[:0], &p.view, p.plan.base, p.plan.list[i])
+			ref, err := p.store.PutSegment(p.segBuf)
+			if err != nil {
+				return dst, fmt.Errorf("write dedupe segment: %w", err)
+			}
+			if len(ref) == 0 || len(ref) > maxRefLen {
+				return dst, fmt.Errorf("write dedupe segment: the store returned a %d-byte reference", len(ref))
+			}
+			p.plan.list[i].ref = ref
+			p.segSize += len(p.segBuf)
 		}
-		if len(ref) == 0 || len(ref) > maxRefLen {
-			return dst, fmt.Errorf("write dedupe segment: the store returned a %d-byte reference", len(ref))
-		}
-		p.plan.list[len(p.plan.list)-1].ref = ref
 		dst = appendSegmentList(dst, p.plan)
 	} else if !p.sync {
 		countAt := len(dst)
