@@ -22,6 +22,7 @@
 package service
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -30,6 +31,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
@@ -319,6 +321,10 @@ func (s *Service) Run(ctx context.Context) error {
 		return giveUp(fmt.Errorf("reach brokers %v: %w (check --brokers and that the cluster is up)", s.cfg.Brokers, err))
 	}
 	if err := s.checkTopics(ctx); err != nil {
+		if ctx.Err() != nil {
+			giveUp(err)
+			return nil // stopped while waiting for the input topic: nothing to checkpoint
+		}
 		return giveUp(err)
 	}
 	close(s.setUp)
@@ -370,12 +376,22 @@ func (s *Service) pollLoop(ctx context.Context) {
 			s.cons.AllowRebalance()
 			return
 		}
+		var fatal error
 		fetches.EachError(func(topic string, p int32, err error) {
 			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 				return
 			}
+			if f := s.configError(err); f != nil {
+				fatal = cmp.Or(fatal, f)
+				return
+			}
 			s.log.Warn("fetch error", zap.String("topic", topic), zap.Int32("partition", p), zap.Error(err))
 		})
+		if fatal != nil {
+			s.fail(fatal)
+			s.cons.AllowRebalance()
+			return
+		}
 		round := newPollRound()
 		fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
 			if len(fp.Records) == 0 {
@@ -808,29 +824,80 @@ func (s *Service) rebuild(ctx context.Context, p int32, committed int64) (*pipel
 	return proc, committed, nil
 }
 
-// checkTopics makes sure the output and dead-letter topics exist before the
-// first produce: a missing one is created with the input topic's partition
-// count (see sink.EnsureTopics), so a first start works out of the box. A
-// missing input topic is only a warning: the group consumes once it exists.
+// configError turns a fetch error that no retry can cure into the fatal error
+// that says which setting to change; nil for any other error (franz-go
+// retries those). Without it the service would stay up and ready, joining and
+// failing forever, consuming nothing.
+func (s *Service) configError(err error) error {
+	switch {
+	case errors.Is(err, kerr.InvalidSessionTimeout):
+		return fmt.Errorf("--session-timeout (VELOCITY_SESSION_TIMEOUT) %s is outside what the brokers allow (group.min.session.timeout.ms to group.max.session.timeout.ms, 6s to 30m by default): %w", s.cfg.SessionTimeout, err)
+	case errors.Is(err, kerr.InvalidGroupID):
+		return fmt.Errorf("--group (VELOCITY_GROUP) %q is not a valid group id: %w", s.cfg.Group, err)
+	case errors.Is(err, kerr.GroupAuthorizationFailed):
+		return fmt.Errorf("not authorized for --group (VELOCITY_GROUP) %q: grant this principal Read on the group (%w)", s.cfg.Group, err)
+	case errors.Is(err, kerr.TopicAuthorizationFailed):
+		return fmt.Errorf("not authorized to read --input-topic (VELOCITY_INPUT_TOPIC) %q: grant this principal Read and Describe on it (%w)", s.cfg.InputTopic, err)
+	}
+	return nil
+}
+
+// inputTopicPoll is how often a service whose input topic does not exist yet
+// looks for it again.
+var inputTopicPoll = 2 * time.Second
+
+// checkTopics waits for the input topic, then makes sure the output and
+// dead-letter topics exist before the first produce: a missing one is created
+// with the input topic's partition count (see sink.EnsureTopics), so a first
+// start works out of the box. While the input topic does not exist the service
+// is not ready and creates nothing (it could only guess the partition count).
 func (s *Service) checkTopics(ctx context.Context) error {
+	partitions, err := s.waitForInput(ctx)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	md, err := s.adm.Metadata(ctx, s.cfg.InputTopic)
-	if err != nil {
-		return fmt.Errorf("read topic metadata: %w", err)
-	}
-	partitions := int32(1)
-	if td, ok := md.Topics[s.cfg.InputTopic]; ok && td.Err == nil {
-		partitions = int32(len(td.Partitions))
-	} else {
-		s.log.Warn("input topic does not exist yet; waiting for it", zap.String("topic", s.cfg.InputTopic))
-	}
 	created, err := sink.EnsureTopics(ctx, s.adm, partitions,
 		sink.OutputTopic{Flag: "--output-topic", Name: s.cfg.OutputTopic}, sink.OutputTopic{Flag: "--dlq-topic", Name: s.cfg.DLQTopic})
 	for _, t := range created {
 		s.log.Info("created missing topic", zap.String("topic", t), zap.Int32("partitions", partitions))
 	}
 	return err
+}
+
+// waitForInput returns the input topic's partition count once it exists.
+func (s *Service) waitForInput(ctx context.Context) (int32, error) {
+	for waiting := false; ; waiting = true {
+		mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		md, err := s.adm.Metadata(mctx, s.cfg.InputTopic)
+		cancel()
+		if err != nil {
+			return 0, fmt.Errorf("read topic metadata: %w", err)
+		}
+		td, ok := md.Topics[s.cfg.InputTopic]
+		switch {
+		case ok && td.Err == nil && len(td.Partitions) > 0:
+			if waiting {
+				s.log.Info("input topic exists now", zap.String("topic", s.cfg.InputTopic), zap.Int("partitions", len(td.Partitions)))
+			}
+			return int32(len(td.Partitions)), nil
+		case ok && td.Err != nil && !errors.Is(td.Err, kerr.UnknownTopicOrPartition):
+			if f := s.configError(td.Err); f != nil {
+				return 0, f
+			}
+			return 0, fmt.Errorf("--input-topic (VELOCITY_INPUT_TOPIC) %q: %w", s.cfg.InputTopic, td.Err)
+		}
+		if !waiting {
+			s.log.Warn("input topic does not exist yet; waiting for it (not ready until then; the output and dead-letter topics are created once it exists, with its partition count)",
+				zap.String("topic", s.cfg.InputTopic))
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(inputTopicPoll):
+		}
+	}
 }
 
 // Assigned is the number of input partitions this instance currently owns.

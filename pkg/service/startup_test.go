@@ -1,0 +1,112 @@
+package service
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/velocity-consumer/velocity-consumer/internal/streamtest"
+	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
+	"github.com/velocity-consumer/velocity-consumer/pkg/metrics"
+)
+
+// TestServiceWaitsForItsInputTopic: started before its input topic exists,
+// the service is not ready and creates no output topic (it could only guess
+// their partition count, and used to create them with one). Once the topic
+// appears with 3 partitions, the outputs are created with 3 and the stream is
+// processed. A stop while it waits ends Run without an error.
+func TestServiceWaitsForItsInputTopic(t *testing.T) {
+	defer func(d time.Duration) { inputTopicPoll = d }(inputTopicPoll)
+	inputTopicPoll = 100 * time.Millisecond
+	const partitions = 3
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	brokers := c.ListenAddrs()
+	adm := kadm.NewClient(newClient(t, brokers))
+	// partitionsOf is a topic's partition count, 0 if it does not exist. It
+	// asks through a client of its own: franz-go answers a repeated metadata
+	// request from its cache for a while.
+	partitionsOf := func(topic string) int {
+		t.Helper()
+		md, err := kadm.NewClient(newClient(t, brokers)).Metadata(context.Background(), topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		td, ok := md.Topics[topic]
+		if !ok || td.Err != nil {
+			return 0
+		}
+		return len(td.Partitions)
+	}
+
+	t.Run("stop while waiting", func(t *testing.T) {
+		cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
+		cfg.Group = "g-stop"
+		svc, err := New(cfg, zaptest.NewLogger(t), metrics.New(prometheus.NewRegistry()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		if err := svc.Run(ctx); err != nil {
+			t.Fatalf("Run stopped while waiting for its input topic: %v, want nil", err)
+		}
+	})
+
+	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
+	svc, _ := startService(t, cfg)
+	time.Sleep(5 * inputTopicPoll)
+	if svc.Ready() {
+		t.Fatal("ready while its input topic does not exist")
+	}
+	if partitionsOf(outTopic) != 0 || partitionsOf(dlqTopic) != 0 {
+		t.Fatal("created output topics before the input existed")
+	}
+	if _, err := adm.CreateTopic(context.Background(), partitions, 1, nil, inTopic); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the service to be ready", 30*time.Second, svc.Ready)
+	for _, topic := range []string{outTopic, dlqTopic} {
+		if n := partitionsOf(topic); n != partitions {
+			t.Errorf("%s created with %d partitions, want the input's %d", topic, n, partitions)
+		}
+	}
+	st := streamtest.Generate(inTopic, 5, 300, partitions)
+	produce(t, brokers, st.Records)
+	got := readOutputs(t, brokers, len(st.Records), 60*time.Second)
+	streamtest.Check(t, st, cfg.Specs, got, true)
+}
+
+// TestServiceStopsOnARejectedSessionTimeout: a --session-timeout the brokers
+// refuse can never join the group. The service used to stay up (and ready)
+// retrying for ever; it stops with an error that names the flag.
+func TestServiceStopsOnARejectedSessionTimeout(t *testing.T) {
+	brokers := newCluster(t, 2) // kfake allows 6s..5m, as Kafka does by default
+	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
+	cfg.SessionTimeout = time.Second
+	svc, err := New(cfg, zaptest.NewLogger(t), metrics.New(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = svc.Run(ctx)
+	if err == nil || ctx.Err() != nil {
+		t.Fatalf("Run = %v after %v, want it to stop on its own", err, ctx.Err())
+	}
+	if !strings.Contains(err.Error(), "--session-timeout") || svc.Healthy() == nil {
+		t.Fatalf("Run = %v (healthy: %v), want an error naming --session-timeout", err, svc.Healthy())
+	}
+	if svc.Ready() {
+		t.Error("still ready after stopping")
+	}
+}
