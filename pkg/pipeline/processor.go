@@ -216,6 +216,15 @@ func (p *Processor) Process(r Record, emit func(*Output)) {
 	if r.Offset >= p.next {
 		p.next = r.Offset + 1
 	}
+	if len(r.Value) == 0 {
+		// Said plainly, rather than as a decoder's "truncated at byte 0".
+		detail := "the value is empty, not a transaction"
+		if r.Value == nil {
+			detail = "the value is null (a tombstone), not a transaction"
+		}
+		p.dead(&r, codec.ReasonDecode, detail, emit)
+		return
+	}
 	maxSeen, hasMax := p.stage.MaxSeen()
 	if rej := p.cfg.Decoder.Decode(r.Value, maxSeen, hasMax, &p.tx); rej != nil {
 		p.dead(&r, rej.Reason, rej.Detail, emit)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -438,5 +439,31 @@ func TestOutputsNeverWriteIntoInputBuffers(t *testing.T) {
 	}
 	if key != tx.EntityID {
 		t.Fatalf("features key %q, want %q", key, tx.EntityID)
+	}
+}
+
+// TestNullAndEmptyValues: a tombstone (null value) and an empty value are
+// decode dead letters that say which they were, and keep the value as it was,
+// null or empty, so the dead-letter topic tells them apart.
+func TestNullAndEmptyValues(t *testing.T) {
+	p := newTestProcessor(t, "10s:1s", 0, LateDLQ)
+	var outs []Output
+	emit := func(o *Output) {
+		c := *o
+		outs = append(outs, c)
+	}
+	p.Process(Record{Topic: "tx", Offset: 0, Key: []byte("k"), Value: nil}, emit)
+	p.Process(Record{Topic: "tx", Offset: 1, Key: []byte("k"), Value: []byte{}}, emit)
+	if len(outs) != 2 {
+		t.Fatalf("%d outputs, want 2", len(outs))
+	}
+	for i, want := range []string{"null (a tombstone)", "empty"} {
+		o := outs[i]
+		if !o.Dead || o.Reason != codec.ReasonDecode || !strings.Contains(o.Err, want) || o.SourceOffset != int64(i) {
+			t.Errorf("offset %d: %+v, want a decode dead letter saying the value is %s", i, o, want)
+		}
+	}
+	if outs[0].Value != nil || outs[1].Value == nil {
+		t.Errorf("values %v and %v, want null for the tombstone and empty for the empty value", outs[0].Value, outs[1].Value)
 	}
 }

@@ -103,8 +103,8 @@ func appendFeaturesJSON(b []byte, v *featureView) []byte {
 //	 "source_topic":"t","source_partition":0,"source_offset":6,
 //	 "key":"Y2FyZC1C","value":"BGU3…"}
 //
-// key and value are the original bytes in standard base64 (key is null when
-// the record had none). For a JSON-lines input the value is the input line
+// key and value are the original bytes in standard base64 (null when the
+// record had none: no key, or a tombstone's null value). For a JSON-lines input the value is the input line
 // itself, for other inputs the record value exactly as read.
 type DeadJSONLSink struct {
 	f   *atomicFile
@@ -139,7 +139,11 @@ func (s *DeadJSONLSink) Write(o *pipeline.Output) error {
 		b = appendBase64(b, o.Key)
 	}
 	b = append(b, `,"value":`...)
-	b = appendBase64(b, o.Value)
+	if o.Value == nil {
+		b = append(b, "null"...) // a tombstone: a null value, not an empty one
+	} else {
+		b = appendBase64(b, o.Value)
+	}
 	b = append(b, "}\n"...)
 	s.buf = b
 	_, err := s.f.Write(b)

@@ -153,6 +153,28 @@ func TestDeadJSONLSink(t *testing.T) {
 	}
 }
 
+// TestDeadJSONLSinkNullValue: a tombstone's null value is written as null,
+// an empty value as "", so the file tells them apart as the topic does.
+func TestDeadJSONLSinkNullValue(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dlq.jsonl")
+	s, err := NewDeadJSONLSink(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range [][]byte{nil, {}} {
+		if err := s.Write(&pipeline.Output{Dead: true, Key: []byte("k"), Value: v, Reason: codec.ReasonDecode, SourceTopic: "t", SourceOffset: int64(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Commit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	lines := readRawLines(t, path)
+	if len(lines) != 2 || !strings.HasSuffix(lines[0], `"value":null}`) || !strings.HasSuffix(lines[1], `"value":""}`) {
+		t.Errorf("lines %q, want the tombstone's value null and the empty one \"\"", lines)
+	}
+}
+
 func ptr[T any](v T) *T { return &v }
 
 // cancelAfter is a source wrapper that cancels the replay after n records, as

@@ -9,10 +9,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/velocity-consumer/velocity-consumer/internal/streamtest"
 	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/metrics"
 )
 
@@ -108,5 +110,48 @@ func TestServiceStopsOnARejectedSessionTimeout(t *testing.T) {
 	}
 	if svc.Ready() {
 		t.Error("still ready after stopping")
+	}
+}
+
+// TestServiceDeadLettersTombstones: through the broker, a tombstone's dead
+// letter has a null value and an empty value's an empty one (the original
+// bytes, unchanged), each a decode dead letter that says which it was.
+func TestServiceDeadLettersTombstones(t *testing.T) {
+	brokers := newCluster(t, 1)
+	produce(t, brokers, []*kgo.Record{
+		{Topic: inTopic, Partition: 0, Key: []byte("card-A"), Value: nil},
+		{Topic: inTopic, Partition: 0, Key: []byte("card-A"), Value: []byte{}},
+	})
+	startService(t, testConfig(t, brokers, checkpoint.NewMemoryStore()))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(dlqTopic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var got []*kgo.Record
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for len(got) < 2 && ctx.Err() == nil {
+		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) { got = append(got, r) })
+	}
+	if len(got) != 2 {
+		t.Fatalf("%d dead letters, want 2", len(got))
+	}
+	header := func(r *kgo.Record, k string) string {
+		for _, h := range r.Headers {
+			if h.Key == k {
+				return string(h.Value)
+			}
+		}
+		return ""
+	}
+	for i, want := range []string{"null (a tombstone)", "empty"} {
+		r := got[i]
+		if header(r, codec.HeaderReason) != string(codec.ReasonDecode) || !strings.Contains(header(r, codec.HeaderError), want) {
+			t.Errorf("dead letter %d: reason %q, error %q; want decode, saying the value is %s", i, header(r, codec.HeaderReason), header(r, codec.HeaderError), want)
+		}
+	}
+	if got[0].Value != nil || got[1].Value == nil {
+		t.Errorf("dead-letter values %v, %v: want null for the tombstone and empty for the empty value", got[0].Value, got[1].Value)
 	}
 }

@@ -233,6 +233,9 @@ func (t *Tracker) copyInto(p *pending, key, prefix, value []byte) {
 		b = append(b, key...)
 		p.rec.Key = b[:len(key):len(key)]
 	}
+	if value == nil && prefix == nil {
+		return // a null value (a tombstone's) stays null, not empty
+	}
 	b = append(append(b, prefix...), value...)
 	p.rec.Value = b[len(key):]
 }

@@ -113,6 +113,8 @@ func TestDeadLetterHeaders(t *testing.T) {
 	tr := New(fp, "out", "dlq", "h").NewTracker(nil)
 	tr.Dead(DeadLetter{Key: []byte("k"), Value: []byte{0xff}, Reason: codec.ReasonLate, Err: "too old", SourceTopic: "tx", SourcePartition: 3, SourceOffset: 17})
 	tr.Dead(DeadLetter{Key: nil, Value: []byte{1}, Reason: codec.ReasonDecode, Err: "x", SourceTopic: "tx"})
+	tr.Dead(DeadLetter{Key: []byte("k"), Value: nil, Reason: codec.ReasonDecode, Err: "tombstone", SourceTopic: "tx"})
+	tr.Dead(DeadLetter{Key: []byte("k"), Value: []byte{}, Reason: codec.ReasonDecode, Err: "empty", SourceTopic: "tx"})
 	fp.settle(nil)
 	want := map[string]string{
 		codec.HeaderReason: "late", codec.HeaderError: "too old",
@@ -135,6 +137,14 @@ func TestDeadLetterHeaders(t *testing.T) {
 	}
 	if fp.got[1].Key != nil {
 		t.Errorf("a nil key must stay nil (not empty) in the dead letter")
+	}
+	// The original bytes, unchanged: a tombstone's null value and an empty
+	// value are different records.
+	if fp.got[2].Value != nil {
+		t.Errorf("a null value (tombstone) became %q in the dead letter, want null", fp.got[2].Value)
+	}
+	if fp.got[3].Value == nil {
+		t.Errorf("an empty value became null in the dead letter")
 	}
 }
 
