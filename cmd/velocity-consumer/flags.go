@@ -5,8 +5,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -50,6 +52,45 @@ func newEnvFlags(name, usage string) *envFlags {
 	return e
 }
 
+// badFlagValue matches the flag package's message for a value that does not parse.
+var badFlagValue = regexp.MustCompile(`^invalid (?:boolean )?value "(.*)" for (?:flag )?-([^:]+): (.*)$`)
+
+// explain rewords a command-line error of the flag package as the other
+// configuration errors read: the flag, its variable, and where to look.
+func (e *envFlags) explain(err error) error {
+	msg := err.Error()
+	if m := badFlagValue.FindStringSubmatch(msg); m != nil {
+		if env, ok := e.env[m[2]]; ok {
+			return fmt.Errorf("--%s (%s) %q: %s (see --help)", m[2], env, m[1], wantOf(e.fs.Lookup(m[2]), m[3]))
+		}
+	}
+	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+		return fmt.Errorf("unknown flag --%s (see --help for the flags)", strings.TrimPrefix(name, "-"))
+	}
+	if name, ok := strings.CutPrefix(msg, "flag needs an argument: -"); ok {
+		return fmt.Errorf("--%s needs a value (see --help)", strings.TrimPrefix(name, "-"))
+	}
+	return fmt.Errorf("%w (see --help)", err)
+}
+
+// wantOf says what a flag's value must look like, in place of the flag
+// package's bare "parse error".
+func wantOf(f *flag.Flag, reason string) string {
+	g, ok := f.Value.(flag.Getter)
+	if !ok || reason != "parse error" {
+		return reason
+	}
+	switch g.Get().(type) {
+	case time.Duration:
+		return "want a duration such as 500ms, 2s, 5m or 24h"
+	case bool:
+		return "want true or false"
+	case int, int64:
+		return "want a whole number"
+	}
+	return reason
+}
+
 func envName(flagName string) string {
 	return "VELOCITY_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
@@ -82,8 +123,18 @@ func (e *envFlags) Bool(p *bool, name string, def bool, usage string) {
 // Parse reads args, then fills every flag not given on the command line from
 // its environment variable. Errors name both the flag and the variable.
 func (e *envFlags) Parse(args []string) error {
-	if err := e.fs.Parse(args); err != nil {
+	// The flag package prints a mistake and the whole usage; only --help asks
+	// for the usage, and a mistake gets one line that names the variable too.
+	out := e.fs.Output()
+	e.fs.SetOutput(io.Discard)
+	err := e.fs.Parse(args)
+	e.fs.SetOutput(out)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		e.fs.Usage()
 		return err
+	case err != nil:
+		return e.explain(err)
 	}
 	if e.fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q (flags start with --; see --help)", e.fs.Arg(0))
@@ -101,7 +152,7 @@ func (e *envFlags) Parse(args []string) error {
 		}
 		if v, ok := os.LookupEnv(e.env[n]); ok {
 			if err := e.fs.Set(n, v); err != nil {
-				return fmt.Errorf("environment %s=%q (flag --%s): %w", e.env[n], v, n, err)
+				return fmt.Errorf("environment %s=%q (flag --%s): %s", e.env[n], v, n, wantOf(e.fs.Lookup(n), err.Error()))
 			}
 		}
 	}
@@ -220,10 +271,13 @@ func openStore(spec string, brokers []string, group string, opts ...kgo.Opt) (ch
 			return nil, errors.New("--checkpoint-store (VELOCITY_CHECKPOINT_STORE): file:// needs a directory, e.g. file:///var/lib/velocity")
 		}
 		abs, err := filepath.Abs(dir)
-		if err != nil {
-			return nil, err
+		if err == nil {
+			var st *checkpoint.FileStore
+			if st, err = checkpoint.NewFileStore(abs); err == nil {
+				return st, nil
+			}
 		}
-		return checkpoint.NewFileStore(abs)
+		return nil, fmt.Errorf("--checkpoint-store (VELOCITY_CHECKPOINT_STORE) %s: %w (the directory must be creatable and writable)", spec, err)
 	case spec == "kafka" || strings.HasPrefix(spec, "kafka://"):
 		topic := strings.TrimPrefix(strings.TrimPrefix(spec, "kafka"), "://")
 		if topic == "" {

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"errors"
+	"flag"
 	"strings"
 	"testing"
 	"time"
@@ -60,6 +62,7 @@ func TestValidationErrorsNameTheFlag(t *testing.T) {
 		{"empty brokers", nil, []string{"--brokers", " , "}, "--brokers"},
 		{"output is input", nil, []string{"--output-topic", "transactions"}, "--input-topic"},
 		{"store scheme", nil, []string{"--checkpoint-store", "s3://bucket"}, "--checkpoint-store"},
+		{"store directory not creatable", nil, []string{"--checkpoint-store", "file:///proc/velocity-nope"}, "--checkpoint-store (VELOCITY_CHECKPOINT_STORE)"},
 		{"ttl below window", nil, []string{"--entity-ttl", "1h"}, "--entity-ttl"},
 		{"bad env value", map[string]string{"VELOCITY_CHECKPOINT_INTERVAL": "soon"}, nil, "VELOCITY_CHECKPOINT_INTERVAL"},
 		{"writer schema missing", nil, []string{"--writer-schema", "/nonexistent.avsc"}, "--writer-schema"},
@@ -80,6 +83,58 @@ func TestValidationErrorsNameTheFlag(t *testing.T) {
 				t.Fatalf("error %v, want one naming %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestCommandLineMistakes: a value that does not parse, an unknown flag or a
+// missing value get one line naming the flag, its variable where it has one,
+// and what a value must look like, not the flag package's whole usage text.
+// --help still prints the usage.
+func TestCommandLineMistakes(t *testing.T) {
+	tests := []struct {
+		name string
+		env  map[string]string
+		args []string
+		want []string // substrings of the error
+	}{
+		{"duration", nil, []string{"--allowed-lateness", "abc"}, []string{"--allowed-lateness", "VELOCITY_ALLOWED_LATENESS", `"abc"`, "want a duration"}},
+		{"boolean", nil, []string{"--exactly-once=maybe"}, []string{"--exactly-once", "VELOCITY_EXACTLY_ONCE", "want true or false"}},
+		{"number", nil, []string{"--max-entities", "many"}, []string{"--max-entities", "VELOCITY_MAX_ENTITIES", "want a whole number"}},
+		{"unknown flag", nil, []string{"--windowz", "1m:1s"}, []string{"unknown flag --windowz", "--help"}},
+		{"missing value", nil, []string{"--group"}, []string{"--group needs a value"}},
+		{"duration from the environment", map[string]string{"VELOCITY_IDLE_TIMEOUT": "soon"}, nil, []string{"VELOCITY_IDLE_TIMEOUT", "--idle-timeout", "want a duration"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			var r runFlags
+			e := newEnvFlags("run", runUsage)
+			r.register(e)
+			var out bytes.Buffer
+			e.fs.SetOutput(&out)
+			err := e.Parse(tc.args)
+			if err == nil {
+				t.Fatal("parsed")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+			if out.Len() != 0 {
+				t.Errorf("printed %d bytes besides the error (the usage?):\n%.200s", out.Len(), out.String())
+			}
+		})
+	}
+	var r runFlags
+	e := newEnvFlags("run", runUsage)
+	r.register(e)
+	var out bytes.Buffer
+	e.fs.SetOutput(&out)
+	if err := e.Parse([]string{"--help"}); !errors.Is(err, flag.ErrHelp) || !strings.Contains(out.String(), "VELOCITY_INPUT_TOPIC") {
+		t.Errorf("--help: %v, printed %d bytes; want flag.ErrHelp and the usage", err, out.Len())
 	}
 }
 
