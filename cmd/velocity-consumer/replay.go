@@ -207,6 +207,10 @@ func runReplay(ctx context.Context, r *replayFlags, log *zap.Logger) error {
 		fields = append(fields, zap.Int64("dead_"+string(reason), res.ByReason[reason]))
 	}
 	log.Info("replay complete", fields...)
+	if res.KeyMismatch > 0 {
+		log.Warn("input records keyed by something other than their entity_id: an entity's events may be spread over partitions and its features computed from part of them",
+			zap.Uint64("records", res.KeyMismatch))
+	}
 	if res.CapEvicted > 0 {
 		// As the live service warns: the features of an entity seen again
 		// after its eviction lack its earlier history.

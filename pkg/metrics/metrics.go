@@ -18,6 +18,7 @@ type Metrics struct {
 	Features          *prometheus.CounterVec
 	DeadLetters       *prometheus.CounterVec
 	LateApplied       *prometheus.CounterVec
+	KeyMismatch       *prometheus.CounterVec
 	ReorderBuffer     *prometheus.GaugeVec
 	WatermarkLag      *prometheus.GaugeVec
 	Latency           prometheus.Histogram
@@ -69,6 +70,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"reason"}),
 		LateApplied: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "velocity_late_applied_total", Help: "Late events counted anyway under --late=apply, by partition.",
+		}, part),
+		KeyMismatch: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "velocity_key_mismatch_total", Help: "Input records whose key is not their entity_id (null keys included), by partition: the entity may be split across partitions.",
 		}, part),
 		ReorderBuffer: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "velocity_reorder_buffer_events", Help: "Events waiting in the reorder buffer, by partition.",
@@ -133,7 +137,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	reg.MustRegister(
-		m.RecordsIn, m.Features, m.DeadLetters, m.LateApplied, m.ReorderBuffer, m.WatermarkLag,
+		m.RecordsIn, m.Features, m.DeadLetters, m.LateApplied, m.KeyMismatch, m.ReorderBuffer, m.WatermarkLag,
 		m.Latency, m.Entities, m.EntitiesEvicted, m.CheckpointSeconds, m.CheckpointPause, m.CheckpointBytes, m.CheckpointWritten,
 		m.CheckpointErrors, m.SnapshotFallbacks, m.SnapshotStepBacks, m.TxnPartitionsLost, m.TakeoversInterrupted, m.CommitErrors, m.ProduceErrors,
 		m.PausedPartitions, m.ConsumerLag, m.AssignedPartition,

@@ -114,6 +114,7 @@ type Stats struct {
 	Features    uint64 // features records emitted
 	Dead        uint64 // dead letters emitted
 	LateApplied uint64 // late events counted under --late=apply
+	KeyMismatch uint64 // decoded records whose key is not their entity_id (null keys included)
 	Evicted     uint64 // idle entities evicted by sweeps
 }
 
@@ -229,6 +230,12 @@ func (p *Processor) Process(r Record, emit func(*Output)) {
 	if rej := p.cfg.Decoder.Decode(r.Value, maxSeen, hasMax, &p.tx); rej != nil {
 		p.dead(&r, rej.Reason, rej.Detail, emit)
 		return
+	}
+	if string(r.Key) != p.tx.EntityID {
+		// Counted, not refused: the contract keys records by entity id so that
+		// an entity lives in one partition; a producer that does not may split
+		// entities, which the caller reports.
+		p.stats.KeyMismatch++
 	}
 	ev := watermark.Event{
 		Offset:    r.Offset,

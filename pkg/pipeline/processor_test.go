@@ -467,3 +467,26 @@ func TestNullAndEmptyValues(t *testing.T) {
 		t.Errorf("values %v and %v, want null for the tombstone and empty for the empty value", outs[0].Value, outs[1].Value)
 	}
 }
+
+// TestKeyMismatchCounted: a record whose key is not its entity_id (null
+// included) is processed as usual and counted, so the service can warn that
+// its producer may be splitting entities across partitions.
+func TestKeyMismatchCounted(t *testing.T) {
+	p := newTestProcessor(t, "10s:1s", 0, LateDLQ)
+	got := map[int64]result{}
+	emit := collect(t, got)
+	for i, key := range [][]byte{[]byte("card-A"), []byte("card-B"), nil, []byte("card-A"), []byte("")} {
+		tx := codec.Transaction{EventID: fmt.Sprint("e", i), EntityID: "card-A", AmountMinor: 1, EventTime: exampleT + int64(i)}
+		p.Process(Record{Topic: "tx", Offset: int64(i), Key: key, Value: codec.EncodeTransaction(&tx)}, emit)
+	}
+	p.Process(Record{Topic: "tx", Offset: 5, Key: []byte("x"), Value: []byte{0xff}}, emit) // undecodable: not counted
+	p.Flush(emit)
+	if n := p.Stats().KeyMismatch; n != 3 {
+		t.Errorf("%d key mismatches, want 3 (card-B, null, empty)", n)
+	}
+	for i := range int64(5) {
+		if r := got[i]; r.dead || r.f.Windows[0].Count != i+1 {
+			t.Errorf("offset %d: %+v, want features counting it as card-A's %d. event", i, r, i+1)
+		}
+	}
+}

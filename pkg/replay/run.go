@@ -62,6 +62,9 @@ type Result struct {
 	// CapEvicted is how many entities the --max-entities cap evicted, warm-up
 	// included: an entity seen again afterwards lost its earlier history.
 	CapEvicted uint64
+	// KeyMismatch is how many records' key was not their entity_id (null
+	// included), warm-up included: the input may split entities over partitions.
+	KeyMismatch uint64
 }
 
 // Reasons returns the dead-letter reasons in a stable order, for reports.
@@ -179,6 +182,7 @@ func runPartition(ctx context.Context, src Source, p int32, cfg Config, prog *Pr
 	// watermark, in (event_time, offset) order, as DESIGN "Reorder" says.
 	proc.Flush(emit)
 	res.CapEvicted += proc.CapEvictions()
+	res.KeyMismatch += proc.Stats().KeyMismatch
 	if sinkErr != nil {
 		return fmt.Errorf("replay partition %d: %w", p, sinkErr)
 	}

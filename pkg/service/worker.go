@@ -75,6 +75,7 @@ type worker struct {
 	bgDone    chan bgResult
 	lastStats pipeline.Stats
 	lastCap   uint64
+	keyWarned time.Time // last key-mismatch warning (at most one per keyWarnEvery)
 
 	recordsIn, features, lateApplied prometheus.Counter
 }
@@ -350,6 +351,10 @@ func (w *worker) updatePressure() {
 // maxHoldBackoff caps the wait between two attempts to prepare a held record.
 const maxHoldBackoff = 10 * time.Second
 
+// keyWarnEvery spaces the warnings about records not keyed by their entity id:
+// a misconfigured producer sends them all the time (the metric counts each).
+const keyWarnEvery = time.Minute
+
 // prepare runs the decoder's Prepare with a deadline, so that a registry that
 // accepts connections and never answers cannot freeze the partition's
 // checkpoints and shutdown for longer than one attempt.
@@ -410,6 +415,14 @@ func (w *worker) updateGauges() {
 	st := w.proc.Stats()
 	if d := st.LateApplied - w.lastStats.LateApplied; d > 0 {
 		w.lateApplied.Add(float64(d))
+	}
+	if d := st.KeyMismatch - w.lastStats.KeyMismatch; d > 0 {
+		m.KeyMismatch.WithLabelValues(w.label).Add(float64(d))
+		if time.Since(w.keyWarned) >= keyWarnEvery {
+			w.keyWarned = time.Now()
+			w.s.log.Warn("input records keyed by something other than their entity_id: an entity's events may be spread over partitions and its features computed from part of them; key the input by entity_id",
+				zap.Int32("partition", w.part), zap.Uint64("records_so_far", st.KeyMismatch))
+		}
 	}
 	if d := st.Evicted - w.lastStats.Evicted; d > 0 {
 		m.EntitiesEvicted.WithLabelValues("idle").Add(float64(d))

@@ -2,15 +2,19 @@ package service
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/velocity-consumer/velocity-consumer/internal/streamtest"
 	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
@@ -153,5 +157,45 @@ func TestServiceDeadLettersTombstones(t *testing.T) {
 	}
 	if got[0].Value != nil || got[1].Value == nil {
 		t.Errorf("dead-letter values %v, %v: want null for the tombstone and empty for the empty value", got[0].Value, got[1].Value)
+	}
+}
+
+// TestServiceWarnsOfKeysThatAreNotEntityIDs: records keyed by something else
+// than their entity_id (null included) are processed, counted in
+// velocity_key_mismatch_total and warned about once, not per record.
+func TestServiceWarnsOfKeysThatAreNotEntityIDs(t *testing.T) {
+	brokers := newCluster(t, 1)
+	var recs []*kgo.Record
+	for i, key := range [][]byte{[]byte("card-A"), []byte("acct-9"), nil, []byte("acct-9")} {
+		tx := codec.Transaction{EventID: "e" + strconv.Itoa(i), EntityID: "card-A", AmountMinor: 1, EventTime: 1793491200000 + int64(i)}
+		recs = append(recs, &kgo.Record{Topic: inTopic, Partition: 0, Key: key, Value: codec.EncodeTransaction(&tx)})
+	}
+	produce(t, brokers, recs)
+	core, logs := observer.New(zap.InfoLevel)
+	m := metrics.New(prometheus.NewRegistry())
+	svc, err := New(testConfig(t, brokers, checkpoint.NewMemoryStore()), zap.New(core), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	got := readOutputs(t, brokers, len(recs), 30*time.Second)
+	if len(got) != len(recs) {
+		t.Fatalf("%d outputs, want %d", len(got), len(recs))
+	}
+	// The metric is brought up to date on the partition's next tick.
+	mismatches := func() float64 { return testutil.ToFloat64(m.KeyMismatch.WithLabelValues("0")) }
+	waitFor(t, "velocity_key_mismatch_total to count the records", 10*time.Second, func() bool { return mismatches() >= 3 })
+	time.Sleep(300 * time.Millisecond) // a few more ticks: nothing more may be counted or warned
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := mismatches(); n != 3 {
+		t.Errorf("velocity_key_mismatch_total = %v, want 3", n)
+	}
+	if n := logs.FilterMessageSnippet("other than their entity_id").Len(); n != 1 {
+		t.Errorf("%d warnings, want 1", n)
 	}
 }
