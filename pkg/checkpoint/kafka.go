@@ -21,7 +21,8 @@ import (
 // of the group can load the snapshot of a partition it was just assigned.
 //
 // Layout. Partition 0 of the topic holds manifests, one key per
-// (group, topic, partition); the other partitions hold chunks. A snapshot
+// (group, topic, partition), and an index record per dedupe segment (see
+// segments.go); the other partitions hold chunks. A snapshot
 // (the same frame FileStore writes) is cut into chunks below the broker's
 // message size, each keyed by (group, topic, partition, generation, nonce,
 // index), produced to chunk partition 1 + p mod (partitions − 1). The

@@ -1,15 +1,22 @@
 package checkpoint
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
+	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // SegmentStore is a Store that also keeps segments: immutable blobs beside a
@@ -37,8 +44,7 @@ type SegmentStore interface {
 // SegmentLister is a SegmentStore that can list a partition's segments, so that
 // an owner can delete the ones no snapshot lists: left by a crash between
 // writing a segment and saving the snapshot that lists it, or by an owner that
-// released the partition. KafkaStore does not list (it would read the whole
-// chunk partition); there such a segment stays until the topic is deleted.
+// released the partition. All three stores list.
 type SegmentLister interface {
 	SegmentStore
 	ListSegments(ctx context.Context, key Key) ([]SegmentInfo, error)
@@ -53,7 +59,7 @@ type SegmentInfo struct {
 var (
 	_ SegmentLister = (*FileStore)(nil)
 	_ SegmentLister = (*MemoryStore)(nil)
-	_ SegmentStore  = (*KafkaStore)(nil)
+	_ SegmentLister = (*KafkaStore)(nil)
 )
 
 // FileStore segments are DIR/<group>/<topic>/<partition>.seg-<nonce>, where the
@@ -217,6 +223,43 @@ type memSegment struct {
 // KafkaStore segments are chunked like snapshots, in the key's chunk
 // partition, as generation 0 (snapshots start at 1) with a fresh nonce; the
 // reference is the encoded entry, which holds the offset to read from.
+//
+// So that they can be listed without reading the chunk partition (every
+// snapshot's chunks), each segment also has an index record in the manifest
+// partition, keyed by its nonce and holding its reference and when it was
+// written; deleting the segment tombstones it too, so compaction keeps one
+// small record per live segment there. The index record is written after the
+// chunks: a crash between the two leaves chunks nothing lists, as any crash
+// did before the index.
+
+// segIndexKey names a segment's index record: "s/<group>/<topic>/<partition>/<nonce>".
+func segIndexKey(k Key, nonce uint64) []byte {
+	return fmt.Appendf(segIndexPrefix(k), "%016x", nonce)
+}
+
+func segIndexPrefix(k Key) []byte {
+	return fmt.Appendf(nil, "s/%s/%s/%d/", url.PathEscape(k.Group), url.PathEscape(k.Topic), k.Partition)
+}
+
+// Segment index value layout, big-endian: magic "VSEG" | entry | written unix ms i64 | crc32c u32.
+var segIndexMagic = [4]byte{'V', 'S', 'E', 'G'}
+
+const segIndexLen = 4 + entryLen + 8 + 4
+
+func encodeSegIndex(e entry, written time.Time) []byte {
+	b := make([]byte, 0, segIndexLen)
+	b = append(b, segIndexMagic[:]...)
+	b = appendEntry(b, e)
+	b = binary.BigEndian.AppendUint64(b, uint64(written.UnixMilli()))
+	return binary.BigEndian.AppendUint32(b, crcOf(b))
+}
+
+func decodeSegIndex(b []byte) (ref []byte, written time.Time, ok bool) {
+	if len(b) != segIndexLen || [4]byte(b[:4]) != segIndexMagic || crcOf(b[:len(b)-4]) != binary.BigEndian.Uint32(b[len(b)-4:]) {
+		return nil, time.Time{}, false
+	}
+	return bytes.Clone(b[4 : 4+entryLen]), time.UnixMilli(int64(binary.BigEndian.Uint64(b[4+entryLen:]))), true
+}
 
 // PutSegment implements SegmentStore.
 func (s *KafkaStore) PutSegment(ctx context.Context, key Key, data []byte) ([]byte, error) {
@@ -224,7 +267,40 @@ func (s *KafkaStore) PutSegment(ctx context.Context, key Key, data []byte) ([]by
 	if err != nil {
 		return nil, fmt.Errorf("save segment %s: %w", key, err)
 	}
+	idx := &kgo.Record{Topic: s.topic, Partition: manifestPartition, Key: segIndexKey(key, e.Nonce), Value: encodeSegIndex(e, time.Now())}
+	if err := s.cl.ProduceSync(ctx, idx).FirstErr(); err != nil {
+		return nil, fmt.Errorf("save segment %s: produce its index record to %s: %w", key, s.topic, err)
+	}
 	return appendEntry(nil, e), nil
+}
+
+// ListSegments implements SegmentLister: the index records of key's segments
+// in the manifest partition, up to its end when the call begins. A damaged
+// index record is skipped (its segment stays, as garbage).
+func (s *KafkaStore) ListSegments(ctx context.Context, key Key) ([]SegmentInfo, error) {
+	prefix := segIndexPrefix(key)
+	live := map[string]SegmentInfo{}
+	err := s.scan(ctx, manifestPartition, -1, func(r *kgo.Record) bool {
+		if !bytes.HasPrefix(r.Key, prefix) {
+			return true
+		}
+		if r.Value == nil {
+			delete(live, string(r.Key))
+			return true
+		}
+		if ref, written, ok := decodeSegIndex(r.Value); ok {
+			live[string(r.Key)] = SegmentInfo{Ref: ref, Written: written}
+		}
+		return true
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list segments of %s: %w", key, err)
+	}
+	out := make([]SegmentInfo, 0, len(live))
+	for _, k := range slices.Sorted(maps.Keys(live)) {
+		out = append(out, live[k])
+	}
+	return out, nil
 }
 
 func (s *KafkaStore) segmentEntry(ref []byte) (entry, error) {
@@ -251,11 +327,15 @@ func (s *KafkaStore) GetSegment(ctx context.Context, key Key, ref []byte) ([]byt
 	return snaps[0].State, nil
 }
 
-// DeleteSegment implements SegmentStore: tombstones for its chunks.
+// DeleteSegment implements SegmentStore: tombstones for its chunks, then for
+// its index record.
 func (s *KafkaStore) DeleteSegment(ctx context.Context, key Key, ref []byte) error {
 	e, err := s.segmentEntry(ref)
 	if err != nil {
 		return err
 	}
-	return s.tombstone(ctx, key, e)
+	if err := s.tombstone(ctx, key, e); err != nil {
+		return err
+	}
+	return s.cl.ProduceSync(ctx, &kgo.Record{Topic: s.topic, Partition: manifestPartition, Key: segIndexKey(key, e.Nonce)}).FirstErr()
 }

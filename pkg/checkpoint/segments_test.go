@@ -102,6 +102,15 @@ func TestSegmentStores(t *testing.T) {
 			if got, err := st.GetSegment(ctx, key, b); err != nil || string(got) != "second" {
 				t.Fatalf("the other segment after a delete: %q, %v", got, err)
 			}
+			if ls, ok := st.(SegmentLister); ok {
+				segs, err := ls.ListSegments(ctx, key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(segs) != 1 || !bytes.Equal(segs[0].Ref, b) {
+					t.Fatalf("ListSegments after deleting one of two: %d segments, want only the other", len(segs))
+				}
+			}
 			if _, err := st.GetSegment(ctx, key, []byte("../../etc/passwd")); err == nil {
 				t.Fatalf("malformed reference: no error")
 			}

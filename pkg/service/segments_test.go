@@ -224,3 +224,67 @@ func fileStoreSetup(t *testing.T) ([]string, string, *checkpoint.FileStore, Conf
 	cfg := testConfig(t, brokers, fs)
 	return brokers, dir, fs, cfg, checkpoint.Key{Group: cfg.Group, Topic: inTopic, Partition: 0}
 }
+
+// TestSweepKafkaStore: the kafka store lists its segments too (from their
+// index records), so a sweep deletes what a crash left there and keeps what
+// the stored snapshots list, as with the file store.
+func TestSweepKafkaStore(t *testing.T) {
+	ctx := context.Background()
+	brokers := newCluster(t, 1)
+	ks, err := checkpoint.NewKafkaStore(ctx, checkpoint.KafkaConfig{Brokers: brokers, Topic: "snapshots", Partitions: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ks.Close() })
+	cfg := testConfig(t, brokers, ks)
+	key := checkpoint.Key{Group: cfg.Group, Topic: inTopic, Partition: 0}
+	st := streamtest.Generate(inTopic, 8, 1000, 1)
+	_, stop := startService(t, cfg)
+	for i := 0; i < len(st.Records); i += 500 {
+		produce(t, brokers, st.Records[i:i+500])
+		readOutputs(t, brokers, i+500, 30*time.Second)
+		time.Sleep(3 * cfg.CheckpointInterval)
+	}
+	stop()
+	orphan, err := ks.PutSegment(ctx, key, []byte("left by a crash"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, err := storeListed(ctx, ks, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(stored) == 0 {
+		t.Fatal("the stored snapshots list no segment")
+	}
+	if n, err := sweepUnlisted(ctx, ks, key, time.Now()); err != nil || n != 0 {
+		t.Fatalf("sweep now: %d deleted, %v; want none (every unlisted segment is young)", n, err)
+	}
+	n, err := sweepUnlisted(ctx, ks, key, time.Now().Add(24*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	segs, err := ks.ListSegments(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := map[string]bool{}
+	for _, sg := range segs {
+		left[string(sg.Ref)] = true
+	}
+	if left[string(orphan)] || n == 0 {
+		t.Fatalf("the unlisted old segment is still listed (%d deleted)", n)
+	}
+	for ref := range stored {
+		if !left[ref] {
+			t.Fatalf("a segment a stored snapshot lists was deleted")
+		}
+		if _, err := ks.GetSegment(ctx, key, []byte(ref)); err != nil {
+			t.Fatalf("a listed segment does not read back: %v", err)
+		}
+	}
+	// The service restores from the store as it left it and carries on.
+	produce(t, brokers, streamtest.Generate(inTopic, 8, 1100, 1).Records[1000:])
+	startService(t, cfg)
+	readOutputs(t, brokers, 1100, 30*time.Second)
+}
