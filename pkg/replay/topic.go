@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -91,7 +92,16 @@ type TopicConfig struct {
 	WarmUpFrom *Bound
 	// ClientOpts are extra franz-go options (TLS, SASL, logging).
 	ClientOpts []kgo.Opt
+	// StallTimeout ends a partition's read with an error when no record
+	// arrives for this long although its range is not done: the brokers are
+	// unreachable (franz-go retries for ever), or the range ends inside a
+	// transaction that is still open. 0 = DefaultStallTimeout.
+	StallTimeout time.Duration
 }
+
+// DefaultStallTimeout is TopicConfig.StallTimeout's default: as long as the
+// live service waits for a produce, and replay for the schema registry.
+const DefaultStallTimeout = 2 * time.Minute
 
 // Range is one partition's resolved offsets, From inclusive, To exclusive;
 // reading starts at WarmUp (<= From), records before From only warm up.
@@ -295,6 +305,9 @@ func (s *TopicSource) Read(ctx context.Context, p int32, prog *Progress, fn func
 
 	var rec Record
 	done := r.WarmUp
+	stall := cmp.Or(s.cfg.StallTimeout, DefaultStallTimeout)
+	stalled := time.NewTimer(stall)
+	defer stalled.Stop()
 	for {
 		var (
 			b  fetchBatch
@@ -302,8 +315,12 @@ func (s *TopicSource) Read(ctx context.Context, p int32, prog *Progress, fn func
 		)
 		select {
 		case b, ok = <-batches:
+			stalled.Reset(stall)
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-stalled.C:
+			return fmt.Errorf("read %s/%d: no record for %v with offsets %d to %d still to read: the brokers %v do not answer, or the range ends inside a transaction that is still open",
+				s.cfg.Topic, p, stall, done, r.To-1, s.cfg.Brokers)
 		}
 		if !ok {
 			// The fetcher stops early only when ctx ends.
@@ -312,7 +329,16 @@ func (s *TopicSource) Read(ctx context.Context, p int32, prog *Progress, fn func
 		if b.err != nil {
 			return fmt.Errorf("fetch %s/%d: %w", s.cfg.Topic, p, b.err)
 		}
-		for _, kr := range b.records {
+		for i, kr := range b.records {
+			if i&1023 == 1023 {
+				// A fetch can hold a whole partition (tens of MB): keep the
+				// progress moving and Ctrl-C working within it.
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				prog.advance(kr.Offset - done)
+				done = max(done, kr.Offset)
+			}
 			if kr.Offset >= r.To {
 				prog.advance(r.To - done)
 				return nil

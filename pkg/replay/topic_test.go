@@ -2,7 +2,9 @@ package replay
 
 import (
 	"context"
+	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -123,5 +125,94 @@ func TestTopicSourceOnFakeCluster(t *testing.T) {
 
 	if _, err := OpenTopic(ctx, TopicConfig{Brokers: c.ListenAddrs(), Topic: "missing", From: Start, To: End}); err == nil {
 		t.Error("a topic that does not exist was opened")
+	}
+}
+
+// TestTopicSourceWithinAFetch: one fetch can hold a whole partition. The
+// progress must move within it, and a cancellation must stop the read within
+// it (it used to finish the partition, and a one-partition replay then
+// completed with exit 0 after Ctrl-C).
+func TestTopicSourceWithinAFetch(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "big"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.DefaultProduceTopic("big"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx := context.Background()
+	const n = 20_000
+	recs := make([]*kgo.Record, n)
+	for i := range recs {
+		tx := codec.Transaction{EventID: "e" + strconv.Itoa(i), EntityID: "card-" + strconv.Itoa(i%50), AmountMinor: 1, EventTime: exampleT + int64(i)}
+		recs[i] = &kgo.Record{Key: []byte(tx.EntityID), Value: codec.EncodeTransaction(&tx)}
+	}
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	src, err := OpenTopic(ctx, TopicConfig{Brokers: c.ListenAddrs(), Topic: "big", From: Start, To: End})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	prog := NewProgress(src)
+	seen := 0
+	var halfWay int64
+	if err := src.Read(ctx, 0, prog, func(*Record) error {
+		if seen++; seen == n/2 {
+			halfWay = prog.Done.Load()
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if halfWay == 0 || halfWay >= n || prog.Done.Load() != n {
+		t.Errorf("progress %d half way (want some, not all), %d at the end (want %d)", halfWay, prog.Done.Load(), n)
+	}
+
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	seen = 0
+	err = src.Read(cctx, 0, nil, func(*Record) error {
+		if seen++; seen == 100 {
+			cancel()
+		}
+		return nil
+	})
+	if !errors.Is(err, context.Canceled) || seen > 100+1024 {
+		t.Errorf("cancelled at record 100: err %v after %d records, want context.Canceled within 1024 more", err, seen)
+	}
+}
+
+// TestTopicSourceStalls: with the broker gone the client retries for ever;
+// the read fails after StallTimeout with an error that says so, instead of
+// hanging.
+func TestTopicSourceStalls(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "tx"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.DefaultProduceTopic("tx"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	tx := codec.Transaction{EventID: "e", EntityID: "card", AmountMinor: 1, EventTime: exampleT}
+	if err := cl.ProduceSync(ctx, &kgo.Record{Key: []byte("card"), Value: codec.EncodeTransaction(&tx)}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	cl.Close()
+	src, err := OpenTopic(ctx, TopicConfig{Brokers: c.ListenAddrs(), Topic: "tx", From: Start, To: End, StallTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	start := time.Now()
+	err = src.Read(ctx, 0, nil, func(*Record) error { return nil })
+	if err == nil || !strings.Contains(err.Error(), "do not answer") || time.Since(start) > 10*time.Second {
+		t.Fatalf("read from a broker that is gone: %v after %v, want the stall error after about 300ms", err, time.Since(start))
 	}
 }
