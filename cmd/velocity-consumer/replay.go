@@ -98,6 +98,12 @@ func runReplay(ctx context.Context, r *replayFlags, log *zap.Logger) error {
 	if r.output == "" {
 		return errors.New("--output (VELOCITY_OUTPUT) is required: topic:NAME, NAME.jsonl or NAME.parquet")
 	}
+	if r.inputFile != "" && r.inputTopic != "" {
+		return errors.New("give --input-topic or --input-file, not both")
+	}
+	if err := r.checkRange(); err != nil {
+		return err
+	}
 	if r.inputFile != "" && (r.from != "start" || r.to != "end" || r.partitions != "" || r.warmUpFrom != "") {
 		return errors.New("--from, --to, --partitions and --warm-up-from select a topic range; a file (--input-file) is always replayed whole")
 	}
@@ -219,6 +225,26 @@ func runReplay(ctx context.Context, r *replayFlags, log *zap.Logger) error {
 	}
 	if dead == nil && res.Dead > 0 {
 		log.Warn("dead letters were counted but not written: give --dlq to keep them", zap.Int64("dead_letters", res.Dead))
+	}
+	return nil
+}
+
+// checkRange refuses bounds that are out of order where that is known
+// without the broker: a --from after --to (an empty range, surely a mistake)
+// or a --warm-up-from after --from.
+func (r *replayFlags) checkRange() error {
+	from, err1 := replay.ParseBound(r.from)
+	to, err2 := replay.ParseBound(r.to)
+	if err1 != nil || err2 != nil {
+		return nil // reported with the flag's name when the source opens
+	}
+	if !replay.NotAfter(from, to) {
+		return fmt.Errorf("--from %s is after --to %s: the range would be empty", r.from, r.to)
+	}
+	if r.warmUpFrom != "" {
+		if w, err := replay.ParseBound(r.warmUpFrom); err == nil && !replay.NotAfter(w, from) {
+			return fmt.Errorf("--warm-up-from %s is after --from %s: the warm-up reads the records before the range", r.warmUpFrom, r.from)
+		}
 	}
 	return nil
 }

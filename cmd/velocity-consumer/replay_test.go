@@ -40,6 +40,11 @@ func TestReplayFlagErrors(t *testing.T) {
 		{"bad from", []string{"--input-topic", "t", "--from", "yesterday", "--output", filepath.Join(dir, "a.jsonl")}, "--from (VELOCITY_FROM)"},
 		{"output into the input topic", []string{"--input-topic", "t", "--brokers", "127.0.0.1:1", "--output", "topic:t"}, "is the input topic"},
 		{"a range on a file", []string{"--input-file", replayExample, "--from", "3", "--output", filepath.Join(dir, "a.jsonl")}, "replayed whole"},
+		{"both inputs", []string{"--input-file", replayExample, "--input-topic", "t", "--output", filepath.Join(dir, "a.jsonl")}, "not both"},
+		{"from after to, offsets", []string{"--input-topic", "t", "--from", "200", "--to", "100", "--output", filepath.Join(dir, "a.jsonl")}, "--from 200 is after --to 100"},
+		{"from after to, times", []string{"--input-topic", "t", "--from", "2026-11-02T00:00:00Z", "--to", "2026-11-01T00:00:00Z", "--output", filepath.Join(dir, "a.jsonl")}, "is after --to"},
+		{"to start", []string{"--input-topic", "t", "--from", "5", "--to", "start", "--output", filepath.Join(dir, "a.jsonl")}, "is after --to"},
+		{"warm-up after from", []string{"--input-topic", "t", "--from", "100", "--warm-up-from", "150", "--output", filepath.Join(dir, "a.jsonl")}, "--warm-up-from 150 is after --from 100"},
 		{"shared semantics flags are validated", []string{"--input-file", replayExample, "--output", filepath.Join(dir, "a.jsonl"), "--windows", "5m:7s"}, "--windows"},
 	}
 	for _, tt := range tests {

@@ -76,6 +76,23 @@ func (b Bound) String() string {
 	return time.UnixMilli(b.millis).UTC().Format(time.RFC3339Nano)
 }
 
+// NotAfter reports whether a cannot resolve to a later offset than b in any
+// partition, where that is known without the broker: start, end, and two
+// offsets or two times. Bounds of different kinds count as in order.
+func NotAfter(a, b Bound) bool {
+	switch {
+	case a.kind == boundStart || b.kind == boundEnd:
+		return true
+	case a.kind == boundEnd || b.kind == boundStart:
+		return false
+	case a.kind == boundOffset && b.kind == boundOffset:
+		return a.offset <= b.offset
+	case a.kind == boundTime && b.kind == boundTime:
+		return a.millis <= b.millis
+	}
+	return true
+}
+
 // TopicConfig describes a topic range to replay.
 type TopicConfig struct {
 	Brokers    []string
