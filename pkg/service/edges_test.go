@@ -2,16 +2,20 @@ package service
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
@@ -197,5 +201,64 @@ func TestServiceWarnsOfKeysThatAreNotEntityIDs(t *testing.T) {
 	}
 	if n := logs.FilterMessageSnippet("other than their entity_id").Len(); n != 1 {
 		t.Errorf("%d warnings, want 1", n)
+	}
+}
+
+// TestServiceExactlyOnceRetriesTransientTxnErrors: the requests that put the
+// offset commit into a partition's transaction fail now and then while a
+// broker restarts or a coordinator moves: the connection drops, or the answer
+// is COORDINATOR_LOAD_IN_PROGRESS. They are retried; the instance used to stop
+// on the first one. read_committed still sees exactly one output per offset.
+func TestServiceExactlyOnceRetriesTransientTxnErrors(t *testing.T) {
+	const partitions = 2
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, inTopic, outTopic, dlqTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	brokers := c.ListenAddrs()
+	var dropped, loading atomic.Int32
+	c.ControlKey(int16(kmsg.AddOffsetsToTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		if dropped.Add(1) <= 2 {
+			c.KeepControl()
+			return nil, errors.New("connection dropped by the test"), true // closes the connection
+		}
+		return nil, nil, false
+	})
+	c.ControlKey(int16(kmsg.TxnOffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		if loading.Add(1) > 3 {
+			return nil, nil, false
+		}
+		c.KeepControl()
+		r := req.(*kmsg.TxnOffsetCommitRequest)
+		resp := r.ResponseKind().(*kmsg.TxnOffsetCommitResponse)
+		for _, rt := range r.Topics {
+			st := kmsg.NewTxnOffsetCommitResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
+				sp.Partition, sp.ErrorCode = rp.Partition, kerr.CoordinatorLoadInProgress.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
+	cfg.ExactlyOnce = true
+	// franz-go retries these itself, a number of times: make that number
+	// small, so that the faults above outlast it, as a restart of a few
+	// seconds outlasts franz-go's default retries against a refused dial.
+	cfg.ClientOpts = []kgo.Opt{kgo.RequestRetries(1), kgo.RetryBackoffFn(func(int) time.Duration { return 5 * time.Millisecond })}
+	svc, _ := startService(t, cfg)
+	st := streamtest.Generate(inTopic, 9, 2000, partitions)
+	produce(t, brokers, st.Records)
+	got := readOutputs(t, brokers, len(st.Records), 60*time.Second)
+	streamtest.Check(t, st, cfg.Specs, got, true)
+	if err := svc.Healthy(); err != nil {
+		t.Fatalf("stopped: %v", err)
+	}
+	if dropped.Load() < 3 || loading.Load() < 4 {
+		t.Fatalf("the faults were not all injected: %d AddOffsetsToTxn, %d TxnOffsetCommit requests", dropped.Load(), loading.Load())
 	}
 }

@@ -123,6 +123,29 @@ func (s *Service) refreshInputTopicID(ctx context.Context) error {
 	return nil
 }
 
+// retryTxnRequest runs do until it succeeds, fails for a reason no retry
+// cures, or ctx (the checkpoint's bound) ends. A broker restart or a moving
+// coordinator fails these requests at once ("unable to dial", NOT_COORDINATOR,
+// COORDINATOR_LOAD_IN_PROGRESS), and franz-go does not retry a request issued
+// this way: without this loop an exactly-once instance stopped on the first
+// broker restart (TestServiceRidesOutBrokerFaults found it). Fencing and an
+// aborted transaction are not retriable: they end here and reach txnLost.
+func retryTxnRequest(ctx context.Context, do func() error) error {
+	backoff := 100 * time.Millisecond
+	for {
+		err := do()
+		if err == nil || !kgo.IsRetryableBrokerErr(err) && !kerr.IsRetriable(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
 // commitTxn adds the offset commit to the open transaction, commits it and
 // opens the next one. Any error leaves the transaction to be aborted (by the
 // broker's timeout or the next owner's fencing): the caller must not go on
@@ -136,10 +159,13 @@ func (w *worker) commitTxn(ctx context.Context, next int64) error {
 	}
 	add := kmsg.NewPtrAddOffsetsToTxnRequest()
 	add.TransactionalID, add.ProducerID, add.ProducerEpoch, add.Group = w.s.transactionalID(w.part), id, epoch, w.s.cfg.Group
-	addResp, err := add.RequestWith(ctx, cl)
-	if err == nil {
-		err = kerr.ErrorForCode(addResp.ErrorCode)
-	}
+	err = retryTxnRequest(ctx, func() error {
+		addResp, err := add.RequestWith(ctx, cl)
+		if err == nil {
+			err = kerr.ErrorForCode(addResp.ErrorCode)
+		}
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("add offsets to transaction: %w", err)
 	}
@@ -155,16 +181,19 @@ func (w *worker) commitTxn(ctx context.Context, next int64) error {
 	rp.Partition, rp.Offset, rp.LeaderEpoch = w.part, next, -1
 	rt.Partitions = append(rt.Partitions, rp)
 	req.Topics = append(req.Topics, rt)
-	resp, err := req.RequestWith(ctx, cl)
-	if err == nil {
-		for _, t := range resp.Topics {
-			for _, p := range t.Partitions {
-				if e := kerr.ErrorForCode(p.ErrorCode); e != nil {
-					err = e
+	err = retryTxnRequest(ctx, func() error {
+		resp, err := req.RequestWith(ctx, cl)
+		if err == nil {
+			for _, t := range resp.Topics {
+				for _, p := range t.Partitions {
+					if e := kerr.ErrorForCode(p.ErrorCode); e != nil {
+						err = e
+					}
 				}
 			}
 		}
-	}
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("commit offset %d in transaction: %w", next, err)
 	}

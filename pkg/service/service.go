@@ -882,7 +882,7 @@ func (s *Service) waitForInput(ctx context.Context) (int32, error) {
 				s.log.Info("input topic exists now", zap.String("topic", s.cfg.InputTopic), zap.Int("partitions", len(td.Partitions)))
 			}
 			return int32(len(td.Partitions)), nil
-		case ok && td.Err != nil && !errors.Is(td.Err, kerr.UnknownTopicOrPartition):
+		case ok && td.Err != nil && !kerr.IsRetriable(td.Err): // e.g. not authorized; unknown is retriable
 			if f := s.configError(td.Err); f != nil {
 				return 0, f
 			}
