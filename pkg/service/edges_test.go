@@ -262,3 +262,41 @@ func TestServiceExactlyOnceRetriesTransientTxnErrors(t *testing.T) {
 		t.Fatalf("the faults were not all injected: %d AddOffsetsToTxn, %d TxnOffsetCommit requests", dropped.Load(), loading.Load())
 	}
 }
+
+// TestServiceExactlyOnceCommitOutcomeUnknown: the connection drops on the
+// transaction's commit (EndTxn), so whether it was committed is unknown. The
+// partition is dropped and taken over again (the takeover fences the
+// transactional id, reads the committed offset and restores the snapshot that
+// matches it), instead of the instance stopping. Exactly one output per
+// offset for read_committed.
+func TestServiceExactlyOnceCommitOutcomeUnknown(t *testing.T) {
+	const partitions = 2
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, inTopic, outTopic, dlqTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	brokers := c.ListenAddrs()
+	var dropped atomic.Int32
+	c.ControlKey(int16(kmsg.EndTxn), func(kmsg.Request) (kmsg.Response, error, bool) {
+		if dropped.Add(1) <= 3 {
+			c.KeepControl()
+			return nil, errors.New("connection dropped by the test"), true
+		}
+		return nil, nil, false
+	})
+	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
+	cfg.ExactlyOnce = true
+	cfg.ClientOpts = []kgo.Opt{kgo.RequestRetries(1), kgo.RetryBackoffFn(func(int) time.Duration { return 5 * time.Millisecond })}
+	svc, _ := startService(t, cfg)
+	st := streamtest.Generate(inTopic, 10, 2000, partitions)
+	produce(t, brokers, st.Records)
+	got := readOutputs(t, brokers, len(st.Records), 60*time.Second)
+	streamtest.Check(t, st, cfg.Specs, got, true)
+	if err := svc.Healthy(); err != nil {
+		t.Fatalf("stopped: %v", err)
+	}
+	if dropped.Load() < 4 {
+		t.Fatalf("only %d EndTxn requests: the fault was not injected", dropped.Load())
+	}
+}

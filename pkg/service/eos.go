@@ -40,6 +40,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -198,7 +199,21 @@ func (w *worker) commitTxn(ctx context.Context, next int64) error {
 		return fmt.Errorf("commit offset %d in transaction: %w", next, err)
 	}
 	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		var answer *kerr.Error
+		if !errors.As(err, &answer) || kerr.IsRetriable(err) || errors.Is(err, kerr.UnknownServerError) {
+			// No definite answer: the connection dropped (a broker
+			// restarting) after the commit may or may not have been
+			// applied. franz-go refuses to retry a commit; the partition's
+			// next acquire fences the transactional id, which settles it
+			// either way, and then reads the committed offset and restores
+			// the snapshot that matches it.
+			return fmt.Errorf("commit transaction: %w: %w", errTxnOutcomeUnknown, err)
+		}
 		return fmt.Errorf("commit transaction: %w", err)
 	}
 	return cl.BeginTransaction()
 }
+
+// errTxnOutcomeUnknown marks a transaction commit whose outcome did not come
+// back; worker.txnLost treats it as a lost transaction.
+var errTxnOutcomeUnknown = errors.New("outcome unknown")

@@ -227,14 +227,17 @@ func (w *worker) run() {
 // txnLost reports whether err means this partition's transaction is gone:
 // another producer initialised our transactional id (a new owner after a
 // rebalance we have not heard of yet, or anyone else), or the coordinator
-// aborted the transaction (it timed out). Nothing of it was committed, so the
-// partition is safe to drop; it is not safe to go on with this producer.
+// aborted the transaction (it timed out); or its commit's outcome never came
+// back (errTxnOutcomeUnknown). Whether or not it was committed, the partition
+// is safe to drop: its next acquire fences the id, which settles the
+// transaction, and restores the snapshot that matches the committed offset.
+// It is not safe to go on with this producer.
 func (w *worker) txnLost(err error) bool {
 	if w.txn == nil {
 		return false
 	}
 	for _, e := range []error{kerr.ProducerFenced, kerr.InvalidProducerEpoch, kerr.InvalidProducerIDMapping,
-		kerr.InvalidTxnState, kerr.TransactionAbortable, kerr.UnknownProducerID} {
+		kerr.InvalidTxnState, kerr.TransactionAbortable, kerr.UnknownProducerID, errTxnOutcomeUnknown} {
 		if errors.Is(err, e) {
 			return true
 		}
