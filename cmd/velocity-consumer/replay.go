@@ -301,6 +301,10 @@ func openSource(ctx context.Context, r *replayFlags, writerSchema string, log *z
 	for _, p := range src.Partitions() {
 		rg := src.Range(p)
 		log.Info("partition range", zap.Int32("partition", p), zap.Int64("warm_up_from", rg.WarmUp), zap.Int64("from", rg.From), zap.Int64("to", rg.To))
+		if rg.Truncated {
+			log.Warn("the range starts before the partition's log start: retention deleted those records, and the replay begins at the log start",
+				zap.Int32("partition", p), zap.Int64("log_start", min(rg.WarmUp, rg.From)))
+		}
 	}
 	return src, writerSchema, nil
 }

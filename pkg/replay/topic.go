@@ -122,7 +122,12 @@ const DefaultStallTimeout = 2 * time.Minute
 
 // Range is one partition's resolved offsets, From inclusive, To exclusive;
 // reading starts at WarmUp (<= From), records before From only warm up.
-type Range struct{ WarmUp, From, To int64 }
+// Truncated says that the range or its warm-up asked for offsets before the
+// log start: records retention has deleted, which the replay cannot read.
+type Range struct {
+	WarmUp, From, To int64
+	Truncated        bool
+}
 
 // TopicSource reads a fixed offset range of each partition of a topic with
 // read_committed isolation, as the live consumer does, so aborted records are
@@ -217,6 +222,9 @@ func OpenTopic(ctx context.Context, cfg TopicConfig) (*TopicSource, error) {
 			r.To = r.From
 		}
 		r.WarmUp = min(max(warm[p], st.Offset), r.From)
+		// (A time past the last record may resolve to -1: not a request
+		// for deleted records.)
+		r.Truncated = from[p] >= 0 && from[p] < st.Offset || warm[p] >= 0 && warm[p] < st.Offset
 		s.ranges[p] = r
 		s.total += r.To - r.WarmUp
 		s.parts = append(s.parts, p)

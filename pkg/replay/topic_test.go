@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -125,6 +126,38 @@ func TestTopicSourceOnFakeCluster(t *testing.T) {
 
 	if _, err := OpenTopic(ctx, TopicConfig{Brokers: c.ListenAddrs(), Topic: "missing", From: Start, To: End}); err == nil {
 		t.Error("a topic that does not exist was opened")
+	}
+
+	// Retention deletes partition 1's first 5 records: a range or warm-up
+	// that asks for them is truncated (the command warns), one that does not
+	// is not.
+	del, err := kadm.NewClient(cl).DeleteRecords(ctx, kadm.Offsets{"tx": {1: {Topic: "tx", Partition: 1, At: 5}}})
+	if err == nil {
+		err = del.Error()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	warm3 := OffsetBound(3)
+	for _, tt := range []struct {
+		name      string
+		from      Bound
+		warm      *Bound
+		wantFrom  int64
+		truncated bool
+	}{
+		{"from before the log start", OffsetBound(2), nil, 5, true},
+		{"from start", Start, nil, 5, false},
+		{"from after the log start", OffsetBound(7), nil, 7, false},
+		{"warm-up before the log start", OffsetBound(7), &warm3, 7, true},
+	} {
+		src, err := OpenTopic(ctx, TopicConfig{Brokers: c.ListenAddrs(), Topic: "tx", Partitions: []int32{1}, From: tt.from, To: End, WarmUpFrom: tt.warm})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := src.Range(1); r.From != tt.wantFrom || r.Truncated != tt.truncated {
+			t.Errorf("%s: range %+v, want from %d, truncated %v", tt.name, r, tt.wantFrom, tt.truncated)
+		}
 	}
 }
 
