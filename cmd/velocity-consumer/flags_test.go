@@ -13,6 +13,13 @@ import (
 
 func parseRun(t *testing.T, env map[string]string, args ...string) (*runFlags, error) {
 	t.Helper()
+	r, _, err := parseRunOutput(t, env, args...)
+	return r, err
+}
+
+// parseRunOutput is parseRun that also returns what parsing printed.
+func parseRunOutput(t *testing.T, env map[string]string, args ...string) (*runFlags, string, error) {
+	t.Helper()
 	for k, v := range env {
 		t.Setenv(k, v)
 	}
@@ -22,7 +29,7 @@ func parseRun(t *testing.T, env map[string]string, args ...string) (*runFlags, e
 	var out bytes.Buffer
 	e.fs.SetOutput(&out)
 	err := e.Parse(args)
-	return &r, err
+	return &r, out.String(), err
 }
 
 func TestFlagPrecedence(t *testing.T) {
@@ -106,15 +113,7 @@ func TestCommandLineMistakes(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			for k, v := range tc.env {
-				t.Setenv(k, v)
-			}
-			var r runFlags
-			e := newEnvFlags("run", runUsage)
-			r.register(e)
-			var out bytes.Buffer
-			e.fs.SetOutput(&out)
-			err := e.Parse(tc.args)
+			_, out, err := parseRunOutput(t, tc.env, tc.args...)
 			if err == nil {
 				t.Fatal("parsed")
 			}
@@ -123,18 +122,13 @@ func TestCommandLineMistakes(t *testing.T) {
 					t.Errorf("error %q does not say %q", err, w)
 				}
 			}
-			if out.Len() != 0 {
-				t.Errorf("printed %d bytes besides the error (the usage?):\n%.200s", out.Len(), out.String())
+			if out != "" {
+				t.Errorf("printed %d bytes besides the error (the usage?):\n%.200s", len(out), out)
 			}
 		})
 	}
-	var r runFlags
-	e := newEnvFlags("run", runUsage)
-	r.register(e)
-	var out bytes.Buffer
-	e.fs.SetOutput(&out)
-	if err := e.Parse([]string{"--help"}); !errors.Is(err, flag.ErrHelp) || !strings.Contains(out.String(), "VELOCITY_INPUT_TOPIC") {
-		t.Errorf("--help: %v, printed %d bytes; want flag.ErrHelp and the usage", err, out.Len())
+	if _, out, err := parseRunOutput(t, nil, "--help"); !errors.Is(err, flag.ErrHelp) || !strings.Contains(out, "VELOCITY_INPUT_TOPIC") {
+		t.Errorf("--help: %v, printed %d bytes; want flag.ErrHelp and the usage", err, len(out))
 	}
 }
 

@@ -204,60 +204,76 @@ func TestServiceWarnsOfKeysThatAreNotEntityIDs(t *testing.T) {
 	}
 }
 
-// TestServiceExactlyOnceRetriesTransientTxnErrors: the requests that put the
-// offset commit into a partition's transaction fail now and then while a
-// broker restarts or a coordinator moves: the connection drops, or the answer
-// is COORDINATOR_LOAD_IN_PROGRESS. They are retried; the instance used to stop
-// on the first one. read_committed still sees exactly one output per offset.
-func TestServiceExactlyOnceRetriesTransientTxnErrors(t *testing.T) {
+// runWithTxnFaults runs a kfake cluster with the service's topics whose
+// injected faults (inject adds kfake control functions) outlast franz-go's own
+// retries: the exactly-once service runs with one retry, as a broker restart
+// of a few seconds outlasts franz-go's default retries against a refused dial.
+// It runs the service over a stream and checks exactly one output per offset
+// for read_committed and that the service kept running.
+func runWithTxnFaults(t *testing.T, seed uint64, inject func(c *kfake.Cluster)) {
+	t.Helper()
 	const partitions = 2
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, inTopic, outTopic, dlqTopic))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
+	inject(c)
 	brokers := c.ListenAddrs()
-	var dropped, loading atomic.Int32
-	c.ControlKey(int16(kmsg.AddOffsetsToTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		if dropped.Add(1) <= 2 {
-			c.KeepControl()
-			return nil, errors.New("connection dropped by the test"), true // closes the connection
-		}
-		return nil, nil, false
-	})
-	c.ControlKey(int16(kmsg.TxnOffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		if loading.Add(1) > 3 {
-			return nil, nil, false
-		}
-		c.KeepControl()
-		r := req.(*kmsg.TxnOffsetCommitRequest)
-		resp := r.ResponseKind().(*kmsg.TxnOffsetCommitResponse)
-		for _, rt := range r.Topics {
-			st := kmsg.NewTxnOffsetCommitResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, kerr.CoordinatorLoadInProgress.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
-	})
 	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
 	cfg.ExactlyOnce = true
-	// franz-go retries these itself, a number of times: make that number
-	// small, so that the faults above outlast it, as a restart of a few
-	// seconds outlasts franz-go's default retries against a refused dial.
 	cfg.ClientOpts = []kgo.Opt{kgo.RequestRetries(1), kgo.RetryBackoffFn(func(int) time.Duration { return 5 * time.Millisecond })}
 	svc, _ := startService(t, cfg)
-	st := streamtest.Generate(inTopic, 9, 2000, partitions)
+	st := streamtest.Generate(inTopic, seed, 2000, partitions)
 	produce(t, brokers, st.Records)
 	got := readOutputs(t, brokers, len(st.Records), 60*time.Second)
 	streamtest.Check(t, st, cfg.Specs, got, true)
 	if err := svc.Healthy(); err != nil {
 		t.Fatalf("stopped: %v", err)
 	}
+}
+
+// dropConnection is a kfake control function that closes the connection
+// instead of answering, for the first n requests it sees; count counts them.
+func dropConnection(c *kfake.Cluster, n int32, count *atomic.Int32) func(kmsg.Request) (kmsg.Response, error, bool) {
+	return func(kmsg.Request) (kmsg.Response, error, bool) {
+		if count.Add(1) > n {
+			return nil, nil, false
+		}
+		c.KeepControl()
+		return nil, errors.New("connection dropped by the test"), true
+	}
+}
+
+// TestServiceExactlyOnceRetriesTransientTxnErrors: the requests that put the
+// offset commit into a partition's transaction fail now and then while a
+// broker restarts or a coordinator moves: the connection drops, or the answer
+// is COORDINATOR_LOAD_IN_PROGRESS. They are retried; the instance used to stop
+// on the first one. read_committed still sees exactly one output per offset.
+func TestServiceExactlyOnceRetriesTransientTxnErrors(t *testing.T) {
+	var dropped, loading atomic.Int32
+	runWithTxnFaults(t, 9, func(c *kfake.Cluster) {
+		c.ControlKey(int16(kmsg.AddOffsetsToTxn), dropConnection(c, 2, &dropped))
+		c.ControlKey(int16(kmsg.TxnOffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
+			if loading.Add(1) > 3 {
+				return nil, nil, false
+			}
+			c.KeepControl()
+			r := req.(*kmsg.TxnOffsetCommitRequest)
+			resp := r.ResponseKind().(*kmsg.TxnOffsetCommitResponse)
+			for _, rt := range r.Topics {
+				st := kmsg.NewTxnOffsetCommitResponseTopic()
+				st.Topic, st.TopicID = rt.Topic, rt.TopicID
+				for _, rp := range rt.Partitions {
+					sp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
+					sp.Partition, sp.ErrorCode = rp.Partition, kerr.CoordinatorLoadInProgress.Code
+					st.Partitions = append(st.Partitions, sp)
+				}
+				resp.Topics = append(resp.Topics, st)
+			}
+			return resp, nil, true
+		})
+	})
 	if dropped.Load() < 3 || loading.Load() < 4 {
 		t.Fatalf("the faults were not all injected: %d AddOffsetsToTxn, %d TxnOffsetCommit requests", dropped.Load(), loading.Load())
 	}
@@ -270,32 +286,10 @@ func TestServiceExactlyOnceRetriesTransientTxnErrors(t *testing.T) {
 // matches it), instead of the instance stopping. Exactly one output per
 // offset for read_committed.
 func TestServiceExactlyOnceCommitOutcomeUnknown(t *testing.T) {
-	const partitions = 2
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, inTopic, outTopic, dlqTopic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	brokers := c.ListenAddrs()
 	var dropped atomic.Int32
-	c.ControlKey(int16(kmsg.EndTxn), func(kmsg.Request) (kmsg.Response, error, bool) {
-		if dropped.Add(1) <= 3 {
-			c.KeepControl()
-			return nil, errors.New("connection dropped by the test"), true
-		}
-		return nil, nil, false
+	runWithTxnFaults(t, 10, func(c *kfake.Cluster) {
+		c.ControlKey(int16(kmsg.EndTxn), dropConnection(c, 3, &dropped))
 	})
-	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
-	cfg.ExactlyOnce = true
-	cfg.ClientOpts = []kgo.Opt{kgo.RequestRetries(1), kgo.RetryBackoffFn(func(int) time.Duration { return 5 * time.Millisecond })}
-	svc, _ := startService(t, cfg)
-	st := streamtest.Generate(inTopic, 10, 2000, partitions)
-	produce(t, brokers, st.Records)
-	got := readOutputs(t, brokers, len(st.Records), 60*time.Second)
-	streamtest.Check(t, st, cfg.Specs, got, true)
-	if err := svc.Healthy(); err != nil {
-		t.Fatalf("stopped: %v", err)
-	}
 	if dropped.Load() < 4 {
 		t.Fatalf("only %d EndTxn requests: the fault was not injected", dropped.Load())
 	}

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/velocity-consumer/velocity-consumer/internal/streamtest"
 	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
 )
@@ -159,14 +161,7 @@ func TestSweepKeepsWhatTheStoreLists(t *testing.T) {
 	ctx := context.Background()
 	brokers, dir, fs, cfg, key := fileStoreSetup(t)
 	// The other owner's run: several checkpoints, so its snapshots list segments.
-	st := streamtest.Generate(inTopic, 7, 1500, 1)
-	_, stop := startService(t, cfg)
-	for i := 0; i < len(st.Records); i += 500 {
-		produce(t, brokers, st.Records[i:i+500])
-		readOutputs(t, brokers, i+500, 30*time.Second)
-		time.Sleep(3 * cfg.CheckpointInterval)
-	}
-	stop()
+	runCheckpointing(t, brokers, cfg, streamtest.Generate(inTopic, 7, 1500, 1).Records)
 	orphan, err := fs.PutSegment(ctx, key, []byte("left by a crash"))
 	if err != nil {
 		t.Fatal(err)
@@ -211,6 +206,20 @@ func TestSweepKeepsWhatTheStoreLists(t *testing.T) {
 	}
 }
 
+// runCheckpointing runs a service over recs in steps of 500, letting it
+// checkpoint a few times after each, so that its snapshots list segments,
+// and stops it.
+func runCheckpointing(t *testing.T, brokers []string, cfg Config, recs []*kgo.Record) {
+	t.Helper()
+	_, stop := startService(t, cfg)
+	for i := 0; i < len(recs); i += 500 {
+		produce(t, brokers, recs[i:min(i+500, len(recs))])
+		readOutputs(t, brokers, min(i+500, len(recs)), 30*time.Second)
+		time.Sleep(3 * cfg.CheckpointInterval)
+	}
+	stop()
+}
+
 // fileStoreSetup is a one-partition cluster and a service configuration on a
 // file store, with the store's directory and partition 0's key.
 func fileStoreSetup(t *testing.T) ([]string, string, *checkpoint.FileStore, Config, checkpoint.Key) {
@@ -238,14 +247,7 @@ func TestSweepKafkaStore(t *testing.T) {
 	t.Cleanup(func() { ks.Close() })
 	cfg := testConfig(t, brokers, ks)
 	key := checkpoint.Key{Group: cfg.Group, Topic: inTopic, Partition: 0}
-	st := streamtest.Generate(inTopic, 8, 1000, 1)
-	_, stop := startService(t, cfg)
-	for i := 0; i < len(st.Records); i += 500 {
-		produce(t, brokers, st.Records[i:i+500])
-		readOutputs(t, brokers, i+500, 30*time.Second)
-		time.Sleep(3 * cfg.CheckpointInterval)
-	}
-	stop()
+	runCheckpointing(t, brokers, cfg, streamtest.Generate(inTopic, 8, 1000, 1).Records)
 	orphan, err := ks.PutSegment(ctx, key, []byte("left by a crash"))
 	if err != nil {
 		t.Fatal(err)
