@@ -3,6 +3,9 @@ package service
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -292,5 +295,38 @@ func TestServiceExactlyOnceCommitOutcomeUnknown(t *testing.T) {
 	})
 	if dropped.Load() < 4 {
 		t.Fatalf("only %d EndTxn requests: the fault was not injected", dropped.Load())
+	}
+}
+
+// TestTxnRetriable: what the transaction's requests are retried through. A
+// refused dial (a broker restarting) is one, although franz-go leaves it to
+// its callers; a fenced or aborted transaction is not.
+func TestTxnRetriable(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	_, dialErr := net.Dial("tcp", addr) // refused: nothing listens there now
+	if dialErr == nil {
+		t.Fatal("dialled a closed port")
+	}
+	for _, tt := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"refused dial, as franz-go wraps it", fmt.Errorf("unable to dial: %w", dialErr), true},
+		{"coordinator loading", kerr.CoordinatorLoadInProgress, true},
+		{"not the coordinator", kerr.NotCoordinator, true},
+		{"connection closed", fmt.Errorf("read: %w", io.EOF), true},
+		{"fenced", kerr.ProducerFenced, false},
+		{"aborted", kerr.TransactionAbortable, false},
+		{"not authorized", kerr.TransactionalIDAuthorizationFailed, false},
+	} {
+		if got := txnRetriable(tt.err); got != tt.want {
+			t.Errorf("%s (%v): retriable %v, want %v", tt.name, tt.err, got, tt.want)
+		}
 	}
 }

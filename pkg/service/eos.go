@@ -42,6 +42,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -135,7 +136,7 @@ func retryTxnRequest(ctx context.Context, do func() error) error {
 	backoff := 100 * time.Millisecond
 	for {
 		err := do()
-		if err == nil || !kgo.IsRetryableBrokerErr(err) && !kerr.IsRetriable(err) {
+		if err == nil || !txnRetriable(err) {
 			return err
 		}
 		select {
@@ -145,6 +146,14 @@ func retryTxnRequest(ctx context.Context, do func() error) error {
 		}
 		backoff = min(2*backoff, 2*time.Second)
 	}
+}
+
+// txnRetriable reports whether a transaction request's error may pass with
+// time: what franz-go retries itself, and a refused dial, which franz-go
+// deliberately leaves to its callers (the broker restarting, here).
+func txnRetriable(err error) bool {
+	var op *net.OpError
+	return kgo.IsRetryableBrokerErr(err) || kerr.IsRetriable(err) || errors.As(err, &op) && op.Op == "dial"
 }
 
 // commitTxn adds the offset commit to the open transaction, commits it and
