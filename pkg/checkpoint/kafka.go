@@ -88,15 +88,21 @@ const (
 	// recordOverhead is what a chunk record needs besides its value (key,
 	// headers, batch framing), kept free under max.message.bytes.
 	recordOverhead = 4 << 10
-	// idlePoll is how long a loader waits on an empty fetch before deciding
-	// the rest of the range was compacted away. That is a last resort: the
-	// cleaner never touches the active segment, so a range that ends at the
-	// listed end offset always ends with a record the scan sees (or the high
-	// watermark says it was reached). A silence is far more often a busy
-	// broker, and taking it for the end makes a snapshot look missing or
-	// corrupt, which costs a rebuild or stops the partition: so it is long.
-	idlePoll = 10 * time.Second
 )
+
+// idlePoll is how long one empty poll of a loader lasts; it decides that the
+// rest of the range was compacted away only after silentPolls of them in a
+// row while the broker answered other requests (see scan). That is a last resort: the cleaner never
+// touches the active segment, so a range that ends at the listed end
+// offset always ends with a record the scan sees (or the high watermark
+// says it was reached). A silence is far more often a busy or stalled
+// broker, and taking it for the end makes a snapshot look missing or
+// corrupt, which costs a rebuild or stops the partition: so it is long.
+var idlePoll = 10 * time.Second // a variable for tests
+
+// silentPolls is how many empty polls in a row, with the broker answering
+// other requests, a scan takes for the end of a compacted range.
+const silentPolls = 3
 
 // NewKafkaStore connects, creates the topic if it does not exist (compacted,
 // the broker's default replication factor) and reads its partition count and
@@ -469,9 +475,16 @@ func (s *KafkaStore) scan(ctx context.Context, p int32, from int64, fn func(*kgo
 		return err
 	}
 	defer cl.Close()
+	// Since the last record: polls that stayed empty, and whether the broker
+	// answered another request meanwhile.
+	silent, answered := 0, false
 	for {
 		// A poll that stays empty means compaction removed everything left
-		// before the end offset: there is nothing more to read.
+		// before the end offset, or a broker that does not answer (a stall,
+		// a restart) or answers fetches slowly. Only silence that lasts
+		// silentPolls polls while the broker answers other requests is taken
+		// for the end: a stall taken for it made a sound snapshot look
+		// corrupt (chunks "missing"), which stopped the service.
 		pctx, cancel := context.WithTimeout(ctx, idlePoll)
 		fs := cl.PollFetches(pctx)
 		cancel()
@@ -479,8 +492,15 @@ func (s *KafkaStore) scan(ctx context.Context, p int32, from int64, fn func(*kgo
 			return fmt.Errorf("read %s/%d up to offset %d: %w", s.topic, p, end.Offset, err)
 		}
 		if pctx.Err() != nil && fs.NumRecords() == 0 {
-			return nil
+			if _, err := s.adm.ListEndOffsets(ctx, s.topic); err == nil {
+				answered = true
+			}
+			if silent++; silent >= silentPolls && answered {
+				return nil
+			}
+			continue
 		}
+		silent, answered = 0, false
 		var ferr error
 		fs.EachError(func(_ string, _ int32, err error) {
 			if !errors.Is(err, context.DeadlineExceeded) {

@@ -5,12 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // newFakeKafkaStore returns a KafkaStore on an in-process kfake cluster (the
@@ -218,4 +220,41 @@ func FuzzDecodeManifest(f *testing.F) {
 			t.Fatalf("accepted manifest re-encodes differently")
 		}
 	})
+}
+
+// TestKafkaStoreLoadThroughAStall: the broker stalls fetches for longer than
+// idlePoll while a snapshot is loaded (a GC pause, a frozen or restarting
+// broker). The silence must not be taken for the end of a compacted range:
+// that made a sound snapshot look corrupt ("chunk 0 of 1 missing"), and the
+// service stopped on it.
+func TestKafkaStoreLoadThroughAStall(t *testing.T) {
+	defer func(d time.Duration) { idlePoll = d }(idlePoll)
+	idlePoll = 200 * time.Millisecond
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := openFake(t, c.ListenAddrs(), 64)
+	key := Key{Group: "g", Topic: "t", Partition: 1}
+	want := Snapshot{Next: 42, State: bytes.Repeat([]byte("state "), 50)}
+	mustSave(t, s, key, Snapshot{Next: 41, State: []byte("older")})
+	mustSave(t, s, key, want)
+
+	fresh := openFake(t, c.ListenAddrs(), 64) // no manifest cached: reads the topic
+	var stalled atomic.Int32
+	c.ControlKey(int16(kmsg.Fetch), func(kmsg.Request) (kmsg.Response, error, bool) {
+		if stalled.Add(1) <= 3 {
+			c.KeepControl()
+			c.SleepControl(func() { time.Sleep(2 * idlePoll) })
+		}
+		return nil, nil, false
+	})
+	got := mustLoad(t, fresh, key)
+	if got.Next != want.Next || !bytes.Equal(got.State, want.State) || got.FellBack {
+		t.Fatalf("loaded next %d, %d bytes, fell back %v: want the newest snapshot, intact", got.Next, len(got.State), got.FellBack)
+	}
+	if stalled.Load() < 3 {
+		t.Fatalf("only %d fetches: the stall was not injected", stalled.Load())
+	}
 }
