@@ -42,6 +42,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"time"
 
@@ -149,11 +150,14 @@ func retryTxnRequest(ctx context.Context, do func() error) error {
 }
 
 // txnRetriable reports whether a transaction request's error may pass with
-// time: what franz-go retries itself, and a refused dial, which franz-go
-// deliberately leaves to its callers (the broker restarting, here).
+// time: what franz-go retries itself, a refused dial, which franz-go
+// deliberately leaves to its callers, and a connection closed on its first
+// read, which franz-go takes for missing SASL (a broker restarting does that
+// too; a real SASL mistake fails the client long before a checkpoint).
 func txnRetriable(err error) bool {
 	var op *net.OpError
-	return kgo.IsRetryableBrokerErr(err) || kerr.IsRetriable(err) || errors.As(err, &op) && op.Op == "dial"
+	return kgo.IsRetryableBrokerErr(err) || kerr.IsRetriable(err) || errors.As(err, &op) && op.Op == "dial" ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // commitTxn adds the offset commit to the open transaction, commits it and
