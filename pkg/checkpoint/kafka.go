@@ -451,8 +451,11 @@ func (s *KafkaStore) scan(ctx context.Context, p int32, from int64, fn func(*kgo
 		return fmt.Errorf("list end offsets of %s: %w", s.topic, err)
 	}
 	end, ok := ends.Lookup(s.topic, p)
-	if !ok || end.Err != nil {
-		return fmt.Errorf("list end offset of %s/%d: %v", s.topic, p, end.Err)
+	if !ok {
+		return fmt.Errorf("list end offset of %s/%d: not in the answer", s.topic, p)
+	}
+	if end.Err != nil {
+		return fmt.Errorf("list end offset of %s/%d: %w", s.topic, p, end.Err)
 	}
 	starts, err := s.adm.ListStartOffsets(ctx, s.topic)
 	if err != nil {

@@ -330,3 +330,57 @@ func TestTxnRetriable(t *testing.T) {
 		}
 	}
 }
+
+// TestServiceTakeoverRetriesTransientErrors: right after a broker restart the
+// snapshot store's requests can fail for a moment (LEADER_NOT_AVAILABLE while
+// leaders are elected). The takeover is retried instead of stopping the
+// service, which it used to.
+func TestServiceTakeoverRetriesTransientErrors(t *testing.T) {
+	const partitions = 2
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, inTopic, outTopic, dlqTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	brokers := c.ListenAddrs()
+	store, err := checkpoint.NewKafkaStore(context.Background(), checkpoint.KafkaConfig{Brokers: brokers, Topic: "snapshots", Partitions: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	var refused atomic.Int32
+	c.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		r := req.(*kmsg.ListOffsetsRequest)
+		if len(r.Topics) == 0 || r.Topics[0].Topic != "snapshots" || refused.Load() >= 4 {
+			c.KeepControl()
+			return nil, nil, false
+		}
+		refused.Add(1)
+		c.KeepControl()
+		resp := r.ResponseKind().(*kmsg.ListOffsetsResponse)
+		for _, rt := range r.Topics {
+			st := kmsg.NewListOffsetsResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewListOffsetsResponseTopicPartition()
+				sp.Partition, sp.ErrorCode = rp.Partition, kerr.LeaderNotAvailable.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	cfg := testConfig(t, brokers, store)
+	cfg.ClientOpts = []kgo.Opt{kgo.RequestRetries(1), kgo.RetryBackoffFn(func(int) time.Duration { return 5 * time.Millisecond })}
+	svc, _ := startService(t, cfg)
+	st := streamtest.Generate(inTopic, 11, 1000, partitions)
+	produce(t, brokers, st.Records)
+	got := readOutputs(t, brokers, len(st.Records), 60*time.Second)
+	streamtest.Check(t, st, cfg.Specs, got, true)
+	if err := svc.Healthy(); err != nil {
+		t.Fatalf("stopped: %v", err)
+	}
+	if refused.Load() < 4 {
+		t.Fatalf("only %d ListOffsets requests for the snapshot topic were refused: the fault was not injected", refused.Load())
+	}
+}

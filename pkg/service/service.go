@@ -560,7 +560,7 @@ func (s *Service) assigned(ctx context.Context, offsets map[string]map[int32]kgo
 	parts := offsets[s.cfg.InputTopic]
 	var acquired []int32
 	for p, o := range parts {
-		next, err := s.acquire(ctx, p, o.EpochOffset().Offset)
+		next, err := s.acquireRetrying(ctx, p, o.EpochOffset().Offset)
 		if err != nil && ctx.Err() != nil {
 			// The group began another rebalance while we were acquiring
 			// (franz-go cancels ctx when the session starts revoking), or
@@ -588,6 +588,34 @@ func (s *Service) assigned(ctx context.Context, offsets map[string]map[int32]kgo
 	}
 	s.m.AssignedPartition.Set(float64(s.numWorkers()))
 	return offsets, nil
+}
+
+// takeoverRetry bounds how long a takeover is retried through errors that
+// may pass: as long as the service waits for a produce or a checkpoint.
+const takeoverRetry = 2 * time.Minute
+
+// acquireRetrying is acquire, retried while it fails for a reason that may
+// pass (txnRetriable: a broker restarting, a leader election, a coordinator
+// loading), for up to takeoverRetry. A takeover right after a broker restart
+// used to stop the service on LEADER_NOT_AVAILABLE from the snapshot store.
+// A corrupt snapshot, or anything else, fails at once, as before.
+func (s *Service) acquireRetrying(ctx context.Context, p int32, committed int64) (int64, error) {
+	deadline := time.Now().Add(takeoverRetry)
+	backoff := 200 * time.Millisecond
+	for {
+		next, err := s.acquire(ctx, p, committed)
+		if err == nil || ctx.Err() != nil || !txnRetriable(err) || time.Now().Add(backoff).After(deadline) {
+			return next, err
+		}
+		s.log.Warn("taking over a partition failed for a reason that may pass; retrying",
+			zap.Int32("partition", p), zap.Duration("in", backoff), zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return next, err
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
 }
 
 // acquire takes partition p over: in exactly-once mode it first fences the
