@@ -298,10 +298,10 @@ func TestServiceExactlyOnceCommitOutcomeUnknown(t *testing.T) {
 	}
 }
 
-// TestTxnRetriable: what the transaction's requests are retried through. A
+// TestMayPass: what transaction requests and takeovers are retried through. A
 // refused dial (a broker restarting) is one, although franz-go leaves it to
 // its callers; a fenced or aborted transaction is not.
-func TestTxnRetriable(t *testing.T) {
+func TestMayPass(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -325,7 +325,7 @@ func TestTxnRetriable(t *testing.T) {
 		{"aborted", kerr.TransactionAbortable, false},
 		{"not authorized", kerr.TransactionalIDAuthorizationFailed, false},
 	} {
-		if got := txnRetriable(tt.err); got != tt.want {
+		if got := mayPass(tt.err); got != tt.want {
 			t.Errorf("%s (%v): retriable %v, want %v", tt.name, tt.err, got, tt.want)
 		}
 	}

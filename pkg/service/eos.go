@@ -137,7 +137,7 @@ func retryTxnRequest(ctx context.Context, do func() error) error {
 	backoff := 100 * time.Millisecond
 	for {
 		err := do()
-		if err == nil || !txnRetriable(err) {
+		if err == nil || !mayPass(err) {
 			return err
 		}
 		select {
@@ -149,12 +149,13 @@ func retryTxnRequest(ctx context.Context, do func() error) error {
 	}
 }
 
-// txnRetriable reports whether a transaction request's error may pass with
-// time: what franz-go retries itself, a refused dial, which franz-go
-// deliberately leaves to its callers, and a connection closed on its first
-// read, which franz-go takes for missing SASL (a broker restarting does that
-// too; a real SASL mistake fails the client long before a checkpoint).
-func txnRetriable(err error) bool {
+// mayPass reports whether an error from a broker may pass with time, so that
+// the transaction's requests and takeovers retry on it: what franz-go retries
+// itself, a refused dial, which franz-go deliberately leaves to its callers,
+// and a connection closed on its first read, which franz-go takes for missing
+// SASL (a broker restarting does that too; a real SASL mistake fails the
+// client long before a checkpoint).
+func mayPass(err error) bool {
 	var op *net.OpError
 	return kgo.IsRetryableBrokerErr(err) || kerr.IsRetriable(err) || errors.As(err, &op) && op.Op == "dial" ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)

@@ -595,7 +595,7 @@ func (s *Service) assigned(ctx context.Context, offsets map[string]map[int32]kgo
 const takeoverRetry = 2 * time.Minute
 
 // acquireRetrying is acquire, retried while it fails for a reason that may
-// pass (txnRetriable: a broker restarting, a leader election, a coordinator
+// pass (mayPass: a broker restarting, a leader election, a coordinator
 // loading), for up to takeoverRetry. A takeover right after a broker restart
 // used to stop the service on LEADER_NOT_AVAILABLE from the snapshot store.
 // A corrupt snapshot, or anything else, fails at once, as before.
@@ -604,7 +604,7 @@ func (s *Service) acquireRetrying(ctx context.Context, p int32, committed int64)
 	backoff := 200 * time.Millisecond
 	for {
 		next, err := s.acquire(ctx, p, committed)
-		if err == nil || ctx.Err() != nil || !txnRetriable(err) || time.Now().Add(backoff).After(deadline) {
+		if err == nil || ctx.Err() != nil || !mayPass(err) || time.Now().Add(backoff).After(deadline) {
 			return next, err
 		}
 		s.log.Warn("taking over a partition failed for a reason that may pass; retrying",
