@@ -212,8 +212,8 @@ type Service struct {
 	// restoring counts takeovers in progress (assigned, reacquireLost).
 	restoring atomic.Int32
 	failMu    sync.Mutex
-	failed error
-	cancel context.CancelFunc
+	failed    error
+	cancel    context.CancelFunc
 }
 
 // New validates cfg. Clients are created by Run.

@@ -91,7 +91,7 @@ type worker struct {
 	lastDurable time.Time
 	lastSweep   time.Time // of unlisted dedupe segments (zero: not since the partition was assigned)
 	snapBuf     []byte
-	sweep     *sweep // a background checkpoint still taking its snapshot, or nil
+	sweep       *sweep // a background checkpoint still taking its snapshot, or nil
 	// bgBusy is set while a background checkpoint (default mode) waits for
 	// its outputs, saves and commits; bgDone returns its buffer and error.
 	bgBusy    bool
