@@ -195,4 +195,3 @@ func metricSum(t *testing.T, in *instance, name string) float64 {
 	}
 	return sum
 }
-
