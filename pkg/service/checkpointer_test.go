@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -119,4 +120,83 @@ func TestHealthAndReadiness(t *testing.T) {
 	if !s.Ready() {
 		t.Fatal("after the takeover: not ready")
 	}
+}
+
+// TestFailedCommitIsRetried: the group refuses every offset commit while a
+// partition processes its input and checkpoints; then the input goes quiet and
+// commits are accepted again. The snapshot is durable, so the committed offset
+// must catch up with it at the next interval with no new input, and the
+// service must not count the refused commits as anything but commit errors.
+// The checkpoint used to skip a partition whose offset had not moved, so the
+// group's offset stayed behind the durable state until new input arrived, and
+// a handover meanwhile made the next owner re-read and republish.
+func TestFailedCommitIsRetried(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, inTopic, outTopic, dlqTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	brokers := c.ListenAddrs()
+	var refuse atomic.Bool
+	refuse.Store(true)
+	var refused atomic.Int32
+	c.ControlKey(int16(kmsg.OffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if !refuse.Load() {
+			return nil, nil, false
+		}
+		refused.Add(1)
+		creq := req.(*kmsg.OffsetCommitRequest)
+		resp := creq.ResponseKind().(*kmsg.OffsetCommitResponse)
+		for _, rt := range creq.Topics {
+			st := kmsg.NewOffsetCommitResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewOffsetCommitResponseTopicPartition()
+				sp.Partition, sp.ErrorCode = rp.Partition, kerr.OffsetMetadataTooLarge.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	store := checkpoint.NewMemoryStore()
+	cfg := testConfig(t, brokers, store)
+	svc, stop := startService(t, cfg)
+	st := streamtest.Generate(inTopic, 5, 1500, 1)
+	produce(t, brokers, st.Records)
+	readOutputs(t, brokers, len(st.Records), 30*time.Second)
+	key := checkpoint.Key{Group: cfg.Group, Topic: inTopic, Partition: 0}
+	end := int64(len(st.Records))
+	waitFor(t, "a snapshot of the whole input", 30*time.Second, func() bool {
+		l, err := store.Load(context.Background(), key)
+		return err == nil && l.Next == end
+	})
+	waitFor(t, "a refused commit", 10*time.Second, func() bool { return refused.Load() > 0 })
+	refuse.Store(false)
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	committed := func() int64 {
+		resp, err := adm.FetchOffsetsForTopics(context.Background(), cfg.Group, inTopic)
+		if err != nil {
+			return -1
+		}
+		o, ok := resp.Lookup(inTopic, 0)
+		if !ok {
+			return -1
+		}
+		return o.At
+	}
+	waitFor(t, "the committed offset to catch up with the durable snapshot, with no new input", 10*time.Second, func() bool {
+		return committed() == end
+	})
+	if err := svc.Healthy(); err != nil {
+		t.Fatalf("refused commits stopped the service: %v", err)
+	}
+	stop()
 }
