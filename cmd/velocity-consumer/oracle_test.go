@@ -3,7 +3,6 @@ package main
 import (
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -27,11 +26,7 @@ func TestIndependentOracle(t *testing.T) {
 	if err != nil {
 		t.Skip("python3 not on PATH: the independent oracle is a Python program")
 	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "velocity-consumer")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := testBinary(t)
 	seeds := "12"
 	if testing.Short() {
 		seeds = "3"
