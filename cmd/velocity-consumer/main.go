@@ -35,8 +35,8 @@ also be set through the environment as VELOCITY_<FLAG_NAME>, e.g.
 --input-topic is VELOCITY_INPUT_TOPIC. docs/flags.md lists them all.`
 
 var commands = map[string]func(context.Context, []string) error{
-	"run":    cmdRun,
-	"demo":   cmdDemo,
+	"run":     cmdRun,
+	"demo":    cmdDemo,
 	"replay":  cmdReplay,
 	"produce": cmdProduce,
 }
