@@ -19,12 +19,17 @@ import (
 //   - avrocheck.py: the same streams as an Avro container file give the same
 //     outputs as JSON lines.
 //
-// It needs python3 (CI installs it for the Parquet tests); without it the
-// test is skipped. VELOCITY_ORACLE_SEEDS sets the seeds per configuration.
+// It needs python3 (3.9 or later, standard library only). Without it the
+// test skips, saying so, unless VELOCITY_REQUIRE_PYTHON=1 (make test and CI
+// set it): then it fails, so that CI cannot pass by skipping it.
+// VELOCITY_ORACLE_SEEDS sets the seeds per configuration.
 func TestIndependentOracle(t *testing.T) {
 	py, err := exec.LookPath("python3")
 	if err != nil {
-		t.Skip("python3 not on PATH: the independent oracle is a Python program")
+		if v := os.Getenv("VELOCITY_REQUIRE_PYTHON"); v == "" || v == "0" {
+			t.Skip("python3 not on PATH: the independent oracle is a Python program (VELOCITY_REQUIRE_PYTHON=1 makes this a failure)")
+		}
+		t.Fatal("python3 is required (VELOCITY_REQUIRE_PYTHON=1): the independent oracle is a Python program")
 	}
 	bin := testBinary(t)
 	seeds := "12"
