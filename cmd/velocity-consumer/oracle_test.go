@@ -8,14 +8,14 @@ import (
 )
 
 // TestIndependentOracle runs the built binary's replay against
-// testdata/oracle, a reference implementation of DESIGN.md's semantics in
+// testdata/oracle, a reference implementation of docs/contract.md's rules in
 // Python (stdlib only), written from the contract without reading this code:
 //
 //   - difftest.py: seeded adversarial JSON-lines streams (out of order, late,
 //     duplicate, invalid, boundary values, several window shapes, both late
 //     policies, the guards), every output record compared, in order, and the
 //     accounting invariant checked;
-//   - cases.py: hand-written edge cases, and EXAMPLES.md's table row by row;
+//   - cases.py: hand-written edge cases, and the contract's worked example row by row;
 //   - avrocheck.py: the same streams as an Avro container file give the same
 //     outputs as JSON lines.
 //

@@ -86,7 +86,7 @@ func TestReplayCommandMatchesRunFlags(t *testing.T) {
 	}
 }
 
-// TestReplayCommandFiles runs the command on the EXAMPLES file to each file
+// TestReplayCommandFiles runs the command on the worked example to each file
 // output and checks the outputs exist under their final names only.
 func TestReplayCommandFiles(t *testing.T) {
 	for _, out := range []string{"f.jsonl", "f.parquet"} {
@@ -211,8 +211,8 @@ func TestProgressSnapshot(t *testing.T) {
 }
 
 // TestReplayWarnsAtMaxEntities: when the --max-entities cap evicts entities,
-// replay says so, as the live service does (DESIGN: "with a metric and a
-// warning"); under the cap it stays quiet.
+// replay says so, as the live service does (docs/contract.md, "Entities": the
+// features of an evicted entity lack its history); under the cap it stays quiet.
 func TestReplayWarnsAtMaxEntities(t *testing.T) {
 	dir := t.TempDir()
 	in := filepath.Join(dir, "in.jsonl")

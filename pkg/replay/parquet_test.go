@@ -18,7 +18,7 @@ import (
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 )
 
-// examplesParquet replays the EXAMPLES stream to a Parquet file and returns its
+// examplesParquet replays the worked example to a Parquet file and returns its
 // path and the same replay's JSON-lines features, the reference.
 func examplesParquet(t *testing.T) (string, []jsonFeatures) {
 	t.Helper()

@@ -198,7 +198,7 @@ const newerTransaction = `{"type":"record","name":"Transaction","namespace":"io.
  {"name":"entity_id","type":"string"},
  {"name":"amount_minor","type":"long"}]}`
 
-// TestOCFSource replays the EXAMPLES stream from Avro container files written
+// TestOCFSource replays the worked example from Avro container files written
 // with our schema and with a newer writer schema, and checks both give the
 // same features, byte for byte, as the JSON-lines file.
 func TestOCFSource(t *testing.T) {
@@ -330,7 +330,7 @@ func (w warmUpFirst) Read(ctx context.Context, p int32, prog *Progress, fn func(
 	})
 }
 
-// TestWarmUp replays the EXAMPLES stream with its first records as warm-up:
+// TestWarmUp replays the worked example with its first records as warm-up:
 // outputs of the range are exactly those of a full replay, including the
 // features of events released only after the range began; nothing of the
 // warm-up is written, even its outputs released later (e1…e3, released by e5).
