@@ -13,8 +13,9 @@ ours (pkg/window Table.Apply) on the same file.
 Faithful to the seed, on purpose: sums are floats (they drift, which our integer sums avoid),
 there is no validation, and an old event is written into whatever its ring slot holds.
 Fixed, so both sides do the same work: the window holds N buckets, not N-1 (the seed's
-eviction off-by-one, which pkg/window's TestLesson3WindowHoldsAllNBuckets keeps out of ours). Only count and sum are kept (the seed had no min/max);
-ours computes count, sum, min and max, i.e. more work per event.
+eviction off-by-one, which pkg/window's TestLesson3WindowHoldsAllNBuckets keeps out of
+ours). Only count and sum are kept (the seed had no min/max); ours computes count, sum,
+min and max, i.e. more work per event.
 
 Usage: python3 bench/python/seed_window.py SEQ_FILE [--window-ms 300000 --bucket-ms 5000 --passes 5]
 """
@@ -62,8 +63,9 @@ class Ring:
                     sums[s] = 0.0
             self.newest = k
         # An older event (k < newest) goes into slot k mod n whatever that slot holds:
-        # the seed's behaviour (the overwrite pkg/window's TestLesson1 keeps out of ours); the 2 s disorder of the workload stays inside
-        # the window, so it never overwrites a live bucket here.
+        # the seed's behaviour (the overwrite that pkg/window's TestLesson1 keeps out of
+        # ours); the 2 s disorder of the workload stays inside the window, so it never
+        # overwrites a live bucket here.
         s = k % self.n
         self.counts[s] += 1
         self.sums[s] += amount

@@ -163,8 +163,8 @@ func TestTopicSourceOnFakeCluster(t *testing.T) {
 
 // TestTopicSourceWithinAFetch: one fetch can hold a whole partition. The
 // progress must move within it, and a cancellation must stop the read within
-// it (it used to finish the partition, and a one-partition replay then
-// completed with exit 0 after Ctrl-C).
+// it: otherwise a read that finishes the partition first lets a one-partition
+// replay complete with exit 0 after Ctrl-C.
 func TestTopicSourceWithinAFetch(t *testing.T) {
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "big"))
 	if err != nil {
