@@ -159,6 +159,7 @@ func cmdRun(ctx context.Context, args []string) error {
 
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
+	registerBuildInfo(reg)
 	svc, err := service.New(cfg, log, m)
 	if err != nil {
 		return err
