@@ -6,6 +6,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/url"
 	"regexp"
 	"strconv"
@@ -155,11 +157,23 @@ func (s *KafkaStore) ensureTopic(ctx context.Context, partitions int32) error {
 		"delete.retention.ms":       kadm.StringPtr(strconv.Itoa(int(time.Minute.Milliseconds()))),
 	}
 	resp, err := s.adm.CreateTopic(ctx, partitions, -1, configs, s.topic)
+	if err == nil {
+		err = resp.Err
+	}
+	if errors.Is(err, kerr.TopicAuthorizationFailed) {
+		// A principal without Create is refused a CreateTopics even of a
+		// topic that exists; an existing one needs no Create.
+		if md, merr := s.adm.Metadata(ctx, s.topic); merr == nil {
+			if td, ok := md.Topics[s.topic]; ok && td.Err == nil && len(td.Partitions) > 0 {
+				err = nil
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("checkpoint: create snapshot topic %s: %w (create it, compacted, or grant this principal Create on it)", s.topic, err)
+		}
+	}
 	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
 		return fmt.Errorf("checkpoint: create snapshot topic %s: %w", s.topic, err)
-	}
-	if resp.Err != nil && !errors.Is(resp.Err, kerr.TopicAlreadyExists) {
-		return fmt.Errorf("checkpoint: create snapshot topic %s: %w", s.topic, resp.Err)
 	}
 	// The topic may just have been created: wait until metadata shows every
 	// partition with a leader.
@@ -540,20 +554,27 @@ func (s *KafkaStore) refresh(ctx context.Context, key Key, full bool) (manifestS
 // the end offset listed when it begins, calling fn for each record until fn
 // returns false.
 func (s *KafkaStore) scan(ctx context.Context, p int32, from int64, fn func(*kgo.Record) bool) error {
-	ends, err := s.adm.ListEndOffsets(ctx, s.topic)
+	var ends, starts kadm.ListedOffsets
+	err := retryTransient(ctx, func() (err error) {
+		ends, err = s.adm.ListEndOffsets(ctx, s.topic)
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("list end offsets of %s: %w", s.topic, err)
+		return fmt.Errorf("list end offsets of %s: %w", s.topic, s.explain(err))
 	}
 	end, ok := ends.Lookup(s.topic, p)
 	if !ok {
 		return fmt.Errorf("list end offset of %s/%d: not in the answer", s.topic, p)
 	}
 	if end.Err != nil {
-		return fmt.Errorf("list end offset of %s/%d: %w", s.topic, p, end.Err)
+		return fmt.Errorf("list end offset of %s/%d: %w", s.topic, p, s.explain(end.Err))
 	}
-	starts, err := s.adm.ListStartOffsets(ctx, s.topic)
+	err = retryTransient(ctx, func() (err error) {
+		starts, err = s.adm.ListStartOffsets(ctx, s.topic)
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("list start offsets of %s: %w", s.topic, err)
+		return fmt.Errorf("list start offsets of %s: %w", s.topic, s.explain(err))
 	}
 	start, _ := starts.Lookup(s.topic, p)
 	if from < start.Offset {
@@ -600,12 +621,14 @@ func (s *KafkaStore) scan(ctx context.Context, p int32, from int64, fn func(*kgo
 		silent, answered = 0, false
 		var ferr error
 		fs.EachError(func(_ string, _ int32, err error) {
-			if !errors.Is(err, context.DeadlineExceeded) {
+			// A broker restarting refuses dials for a while; the client
+			// retries the fetch itself.
+			if !errors.Is(err, context.DeadlineExceeded) && !transient(err) {
 				ferr = err
 			}
 		})
 		if ferr != nil {
-			return fmt.Errorf("read %s/%d: %w", s.topic, p, ferr)
+			return fmt.Errorf("read %s/%d: %w", s.topic, p, s.explain(ferr))
 		}
 		done := false
 		fs.EachRecord(func(r *kgo.Record) {
@@ -635,6 +658,42 @@ func (s *KafkaStore) scan(ctx context.Context, p int32, from int64, fn func(*kgo
 			return nil
 		}
 	}
+}
+
+// transient reports whether err may pass with time: what franz-go retries
+// itself, a refused dial and a connection closed on its first read (a broker
+// restarting), which it leaves to callers.
+func transient(err error) bool {
+	var op *net.OpError
+	return kgo.IsRetryableBrokerErr(err) || kerr.IsRetriable(err) || errors.As(err, &op) && op.Op == "dial" ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
+// retryTransient runs do until it succeeds, fails for a reason that does not
+// pass (transient), or ctx ends: the store's reads ride out a broker restart
+// within the caller's bound, as its writes do (franz-go retries produces).
+func retryTransient(ctx context.Context, do func() error) error {
+	backoff := 100 * time.Millisecond
+	for {
+		err := do()
+		if err == nil || !transient(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// explain says what to grant when the broker refused the snapshot topic.
+func (s *KafkaStore) explain(err error) error {
+	if errors.Is(err, kerr.TopicAuthorizationFailed) {
+		return fmt.Errorf("%w (the --checkpoint-store kafka topic %s needs Describe, Read and Write for this principal, and Create unless it exists)", err, s.topic)
+	}
+	return err
 }
 
 // Load implements Store: the effective manifest's snapshots (see apply).
