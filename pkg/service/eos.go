@@ -173,7 +173,7 @@ func mayPass(err error) bool {
 // broker's timeout or the next owner's fencing): the caller must not go on
 // with this producer (it stops, or drops the partition when the transaction
 // was lost: worker.txnLost).
-func (w *worker) commitTxn(ctx context.Context, next int64, snap checkpoint.ID) error {
+func (w *worker) commitTxn(ctx context.Context, next int64, note checkpoint.CommitNote) error {
 	cl := w.txn
 	id, epoch, err := cl.ProducerID(ctx)
 	if err != nil {
@@ -201,8 +201,10 @@ func (w *worker) commitTxn(ctx context.Context, next int64, snap checkpoint.ID) 
 	w.s.mu.Unlock()
 	rp := kmsg.NewTxnOffsetCommitRequestTopicPartition()
 	// The metadata names the snapshot this transaction commits, so that
-	// recovery resumes from exactly that one (checkpoint.ForCommitted).
-	meta := checkpoint.CommitMetadata(snap)
+	// recovery resumes from exactly that one (checkpoint.ForCommitted), and
+	// where the partition last flushed its reorder buffer on idle, so that a
+	// warm-up without that snapshot repeats the flush (warmUp).
+	meta := checkpoint.CommitMetadata(note)
 	rp.Partition, rp.Offset, rp.LeaderEpoch, rp.Metadata = w.part, next, -1, &meta
 	rt.Partitions = append(rt.Partitions, rp)
 	req.Topics = append(req.Topics, rt)

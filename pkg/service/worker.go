@@ -83,6 +83,10 @@ type worker struct {
 	//	lastDurable when committed last caught up with savedNext
 	epoch       uint64 // this ownership's owner epoch (checkpoint.Store.Claim)
 	seq         uint64 // the last snapshot sequence number used under epoch
+	// idleFlushAt is Next when the reorder buffer was last released whole on
+	// the idle timeout (-1: not known). Exactly-once commits carry it
+	// (checkpoint.CommitNote) for a warm-up to repeat.
+	idleFlushAt int64
 	dirty       bool
 	lastNext    int64
 	savedNext   int64
@@ -111,10 +115,10 @@ type worker struct {
 	recordsIn, features, lateApplied prometheus.Counter
 }
 
-func (s *Service) startWorker(p int32, proc *pipeline.Processor, txn *kgo.Client, epoch uint64, committed int64) *worker {
+func (s *Service) startWorker(p int32, proc *pipeline.Processor, txn *kgo.Client, epoch uint64, committed, idleFlushAt int64) *worker {
 	label := metrics.Partition(p)
 	w := &worker{
-		s: s, part: p, label: label, proc: proc, txn: txn, epoch: epoch,
+		s: s, part: p, label: label, proc: proc, txn: txn, epoch: epoch, idleFlushAt: idleFlushAt,
 		in:          make(chan batch, 4),
 		quit:        make(chan bool, 1),
 		done:        make(chan struct{}),
@@ -183,7 +187,11 @@ func (w *worker) run() {
 				now := time.Now()
 				w.tracker.SetClock(now.UnixMilli()) // Tick may release (emit) events
 				w.proc.SetClock(now)
+				pending := w.proc.Pending()
 				w.proc.Tick(w.emitFn)
+				if pending > 0 && w.proc.Pending() == 0 {
+					w.idleFlushAt = w.proc.Next() // Tick releases only everything, on idle
+				}
 				w.updatePressure()
 			}
 			if time.Since(lastCheckpoint) >= w.s.cfg.CheckpointInterval && !w.bgBusy {
@@ -588,6 +596,7 @@ func (w *worker) cut() *sweep {
 		snap:  w.proc.BeginSnapshot(w.snapBuf[:0]),
 		next:  w.proc.Next(),
 		id:    checkpoint.ID{Epoch: w.epoch, Seq: w.seq},
+		flush: w.idleFlushAt,
 		epoch: w.tracker.Cut(), // at the snapshot: no output in between
 		start: time.Now(),
 	}
@@ -602,6 +611,7 @@ type sweep struct {
 	snap  *pipeline.PendingSnapshot
 	next  int64
 	id    checkpoint.ID
+	flush int64 // idleFlushAt at the cut
 	epoch *sink.Epoch
 	start time.Time
 }
@@ -697,7 +707,7 @@ func (w *worker) persist(sw *sweep) bgResult {
 		// between leaves it ahead of the committed transaction, and restore
 		// steps back to the previous one, found by the ID this commit
 		// carries (checkpoint.ForCommitted).
-		if err := w.commitTxn(ctx, sw.next, sw.id); err != nil {
+		if err := w.commitTxn(ctx, sw.next, checkpoint.CommitNote{Snapshot: sw.id, IdleFlushAt: sw.flush}); err != nil {
 			w.s.m.CommitErrors.Inc()
 			res.err = fmt.Errorf("partition %d: exactly-once commit of offset %d: %w", w.part, sw.next, err)
 			return res
