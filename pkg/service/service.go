@@ -698,6 +698,9 @@ func (s *Service) acquire(ctx context.Context, p int32, committed int64) (int64,
 			}
 		}
 		if err != nil {
+			if errors.Is(err, kerr.TransactionalIDAuthorizationFailed) {
+				err = fmt.Errorf("%w: --exactly-once needs Write and Describe on the transactional ids prefixed %q for this principal", err, fmt.Sprintf("velocity-%s-%s-", s.cfg.Group, s.cfg.InputTopic))
+			}
 			return 0, err
 		}
 	} else if committed < 0 {
@@ -1034,6 +1037,11 @@ func (s *Service) waitForInput(ctx context.Context) (int32, error) {
 		md, err := s.adm.Metadata(mctx, s.cfg.InputTopic)
 		cancel()
 		if err != nil {
+			// kadm turns a topic's authorization failure into the
+			// request's error.
+			if f := s.configError(err); f != nil {
+				return 0, f
+			}
 			return 0, fmt.Errorf("read topic metadata: %w", err)
 		}
 		td, ok := md.Topics[s.cfg.InputTopic]
