@@ -385,4 +385,3 @@ func TestServiceTakeoverRetriesTransientErrors(t *testing.T) {
 		t.Fatalf("only %d ListOffsets requests for the snapshot topic were refused: the fault was not injected", refused.Load())
 	}
 }
-

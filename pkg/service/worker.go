@@ -81,8 +81,8 @@ type worker struct {
 	//	           acknowledged; below savedNext after a commit failed, which
 	//	           the next interval, and any handover, retries
 	//	lastDurable when committed last caught up with savedNext
-	epoch       uint64 // this ownership's owner epoch (checkpoint.Store.Claim)
-	seq         uint64 // the last snapshot sequence number used under epoch
+	epoch uint64 // this ownership's owner epoch (checkpoint.Store.Claim)
+	seq   uint64 // the last snapshot sequence number used under epoch
 	// idleFlushAt is Next when the reorder buffer was last released whole on
 	// the idle timeout (-1: not known). Exactly-once commits carry it
 	// (checkpoint.CommitNote) for a warm-up to repeat.
