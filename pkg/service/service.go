@@ -86,9 +86,9 @@ type Config struct {
 	// Producers, so each partition's outputs keep their order. franz-go sends
 	// an idempotent client's produce requests to a broker one at a time, so
 	// with one client every partition's outputs wait behind each request;
-	// several let requests overlap. On the 2-core benchmark machine 4 clients
-	// raised peak throughput by about 5% and made the p99 near half of it
-	// worse (BENCHMARKS.md, session 3). Default 1.
+	// several let requests overlap, which raises peak throughput a little and
+	// makes the tail latency near half of it worse, because the requests then
+	// compete for the same broker and cores. Default 1.
 	Producers int
 
 	// FetchMinBytes and FetchMaxWait are the consumer's fetch.min.bytes and
@@ -98,7 +98,7 @@ type Config struct {
 	// fetches large near the peak, so holding them only adds latency at low
 	// rates. A few KiB trade some of that latency for fewer fetches, and less
 	// CPU, at moderate rates. Defaults DefaultFetchMinBytes and
-	// DefaultFetchMaxWait (BENCHMARKS.md, sessions 4 and 9, measured both ways).
+	// DefaultFetchMaxWait.
 	FetchMinBytes int32
 	FetchMaxWait  time.Duration
 
@@ -486,8 +486,7 @@ const maxPollRecords = 8192
 // fetch when a poll takes the one it holds, so each fetch carries what arrived
 // while the previous round was being processed: a few records at low rates,
 // answered at once, and near the peak as many as a round's time brings, so
-// fetches stay few and large without the broker holding them for bytes
-// (BENCHMARKS.md, session 9).
+// fetches stay few and large without the broker holding them for bytes.
 type pollRound struct {
 	left atomic.Int32
 	done chan struct{}
