@@ -149,3 +149,18 @@ func TestBuildInfoMetric(t *testing.T) {
 		t.Errorf("labels %v value %v; want version %q, goversion %q, value 1", labels, mfs[0].GetMetric()[0].GetGauge().GetValue(), b.version, b.goVersion)
 	}
 }
+
+func TestBuildHeaderValue(t *testing.T) {
+	for _, tc := range []struct {
+		b    buildInfo
+		want string
+	}{
+		{buildInfo{version: "(devel)", goVersion: "go1.26.8"}, "velocity-consumer/(devel) go1.26.8"},
+		{buildInfo{version: "v1.4.0", revision: "0123456789abcdef0123", goVersion: "go1.26.8"}, "velocity-consumer/v1.4.0+0123456789ab go1.26.8"},
+		{buildInfo{version: "(devel)", revision: "abc", modified: true, goVersion: "go1.26.8"}, "velocity-consumer/(devel)+abc-dirty go1.26.8"},
+	} {
+		if got := tc.b.header(); got != tc.want {
+			t.Errorf("header of %+v = %q, want %q", tc.b, got, tc.want)
+		}
+	}
+}

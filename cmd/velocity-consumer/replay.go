@@ -361,6 +361,7 @@ func (o *outputs) open(ctx context.Context, r *replayFlags, spec string, st sett
 			if o.kafka, err = replay.NewKafkaSink(ctx, splitList(r.brokers), host, r.clientOpts...); err != nil {
 				return nil, err
 			}
+			o.kafka.SetBuild(readBuildInfo().header())
 			o.sinks = append(o.sinks, o.kafka)
 		}
 		if err := o.kafka.EnsureTopic(ctx, flagName, topic, r.inputTopic); err != nil {

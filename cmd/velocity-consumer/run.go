@@ -130,6 +130,7 @@ func (r *runFlags) serviceConfig() (service.Config, error) {
 	c.ExactlyOnce = r.exactlyOnce
 	c.SessionTimeout = r.sessionTimeout
 	c.Host = host
+	c.Build = readBuildInfo().header()
 	return c, nil
 }
 

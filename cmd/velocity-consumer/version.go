@@ -54,6 +54,19 @@ func buildInfoOf(bi *debug.BuildInfo) buildInfo {
 	return b
 }
 
+// header is the value of the velocity.build header every output carries:
+// "velocity-consumer/<version>[+<revision, 12 digits>][-dirty] <go version>".
+func (b buildInfo) header() string {
+	h := "velocity-consumer/" + b.version
+	if b.revision != "" {
+		h += "+" + b.revision[:min(12, len(b.revision))]
+		if b.modified {
+			h += "-dirty"
+		}
+	}
+	return h + " " + b.goVersion
+}
+
 // printVersion writes the build in one line per fact.
 func printVersion(w io.Writer, b buildInfo) {
 	fmt.Fprintf(w, "velocity-consumer %s\n", b.version)

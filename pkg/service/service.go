@@ -104,6 +104,9 @@ type Config struct {
 
 	// Host goes into the velocity.host header of features records.
 	Host string
+	// Build goes into the velocity.build header of every output: the lineage
+	// that tells which code produced a record. Empty leaves it out.
+	Build string
 
 	// Decoder, if set, decodes input values instead of the one built from
 	// WriterSchema: the schema-registry decoder of pkg/registry. If it also
@@ -324,7 +327,7 @@ func (s *Service) Run(ctx context.Context) error {
 			return fmt.Errorf("create producer: %w", err)
 		}
 		defer prod.Close()
-		s.sinks = append(s.sinks, sink.New(prod, s.cfg.OutputTopic, s.cfg.DLQTopic, s.cfg.Host).WithFeaturesPrefix(s.cfg.FeaturesValuePrefix))
+		s.sinks = append(s.sinks, sink.New(prod, s.cfg.OutputTopic, s.cfg.DLQTopic, s.cfg.Host).WithFeaturesPrefix(s.cfg.FeaturesValuePrefix).WithBuild(s.cfg.Build))
 	}
 
 	copts := append([]kgo.Opt{
