@@ -239,7 +239,7 @@ func TestKafkaStoreLoadThroughAStall(t *testing.T) {
 	mustSave(t, s, key, Snapshot{Next: 41, State: []byte("older")})
 	mustSave(t, s, key, want)
 
-	s.Close() // its manifest reader would take the stalled fetches
+	s.Close()                                 // its manifest reader would take the stalled fetches
 	fresh := openFake(t, c.ListenAddrs(), 64) // nothing read yet: reads the topic
 	var stalled atomic.Int32
 	stall := 2 * idlePoll
