@@ -244,7 +244,9 @@ func (w *worker) run() {
 			if err != nil && w.lost(err) {
 				// Revoked, and another instance has already taken
 				// over: it restores from our last commit.
-				w.s.m.TxnPartitionsLost.Inc()
+				if w.txn != nil {
+					w.s.m.TxnPartitionsLost.Inc()
+				}
 				w.s.log.Warn("partition taken over by another owner while being released; the new owner resumes from the last commit",
 					zap.Int32("partition", w.part), zap.Error(err))
 			} else if err != nil {
