@@ -7,8 +7,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/url"
 	"regexp"
 	"strconv"
@@ -18,6 +16,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/velocity-consumer/velocity-consumer/internal/retry"
 )
 
 // KafkaStore keeps snapshots in a compacted Kafka topic, so that any instance
@@ -603,7 +603,7 @@ func (s *KafkaStore) tailTo(ctx context.Context, end int64) error {
 		silent, answered = 0, false
 		var ferr error
 		fs.EachError(func(_ string, _ int32, err error) {
-			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) && !transient(err) {
+			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) && !retry.Transient(err) {
 				ferr = err
 			}
 		})
@@ -709,7 +709,7 @@ func (s *KafkaStore) scan(ctx context.Context, p int32, from int64, fn func(*kgo
 		fs.EachError(func(_ string, _ int32, err error) {
 			// A broker restarting refuses dials for a while; the client
 			// retries the fetch itself.
-			if !errors.Is(err, context.DeadlineExceeded) && !transient(err) {
+			if !errors.Is(err, context.DeadlineExceeded) && !retry.Transient(err) {
 				ferr = err
 			}
 		})
@@ -746,32 +746,11 @@ func (s *KafkaStore) scan(ctx context.Context, p int32, from int64, fn func(*kgo
 	}
 }
 
-// transient reports whether err may pass with time: what franz-go retries
-// itself, a refused dial and a connection closed on its first read (a broker
-// restarting), which it leaves to callers.
-func transient(err error) bool {
-	var op *net.OpError
-	return kgo.IsRetryableBrokerErr(err) || kerr.IsRetriable(err) || errors.As(err, &op) && op.Op == "dial" ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
-}
-
 // retryTransient runs do until it succeeds, fails for a reason that does not
-// pass (transient), or ctx ends: the store's reads ride out a broker restart
-// within the caller's bound, as its writes do (franz-go retries produces).
+// pass, or ctx ends: the store's reads ride out a broker restart within the
+// caller's bound, as its writes do (franz-go retries produces).
 func retryTransient(ctx context.Context, do func() error) error {
-	backoff := 100 * time.Millisecond
-	for {
-		err := do()
-		if err == nil || !transient(err) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 2*time.Second)
-	}
+	return retry.Do(ctx, 2*time.Second, retry.Transient, do)
 }
 
 // explain says what to grant when the broker refused the snapshot topic.

@@ -48,14 +48,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/velocity-consumer/velocity-consumer/internal/retry"
 	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
 	"github.com/velocity-consumer/velocity-consumer/pkg/sink"
 )
@@ -142,52 +141,16 @@ func (s *Service) refreshInputTopicID(ctx context.Context) error {
 // COORDINATOR_LOAD_IN_PROGRESS), and franz-go does not retry a request issued
 // this way: without this loop an exactly-once instance stopped on the first
 // broker restart (TestServiceRidesOutBrokerFaults found it). Fencing and an
-// aborted transaction are not retriable: they end here and reach txnLost.
+// aborted transaction are not retriable: they end here and reach lost.
 func retryTxnRequest(ctx context.Context, do func() error) error {
-	backoff := 100 * time.Millisecond
-	for {
-		err := do()
-		if err == nil || !mayPass(err) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 2*time.Second)
-	}
+	return retry.Do(ctx, 2*time.Second, mayPass, do)
 }
 
 // mayPass reports whether an error from a broker may pass with time, so that
-// the transaction's requests and takeovers retry on it: what franz-go retries
-// itself, a refused dial, which franz-go deliberately leaves to its callers,
-// and a connection closed on its first read, which franz-go takes for missing
-// SASL (a broker restarting does that too; a real SASL mistake fails the
-// client long before a checkpoint); and a warm-up read that stalled.
-//
-// An authorization failure never passes, however it is wrapped: franz-go
-// wraps a failed producer-id load (TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-// included) as an error it would retry itself, and retrying a missing ACL
-// kept an instance alive and unready for two minutes before it said so.
+// the transaction's requests and takeovers retry on it (retry.Transient: never
+// an authorization failure), or a warm-up read stalled.
 func mayPass(err error) bool {
-	if notAuthorized(err) {
-		return false
-	}
-	var op *net.OpError
-	return kgo.IsRetryableBrokerErr(err) || kerr.IsRetriable(err) || errors.As(err, &op) && op.Op == "dial" ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, errWarmUpStalled)
-}
-
-// notAuthorized reports whether err is, or wraps, a refusal by the authorizer.
-func notAuthorized(err error) bool {
-	for _, e := range []error{kerr.TopicAuthorizationFailed, kerr.GroupAuthorizationFailed, kerr.ClusterAuthorizationFailed,
-		kerr.TransactionalIDAuthorizationFailed, kerr.DelegationTokenAuthorizationFailed, kerr.SaslAuthenticationFailed} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return false
+	return retry.Transient(err) || errors.Is(err, errWarmUpStalled)
 }
 
 // commitTxn adds the offset commit to the open transaction, commits it and
