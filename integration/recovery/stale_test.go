@@ -16,8 +16,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/velocity-consumer/velocity-consumer/integration/kafkatest"
 )
 
 // TestStaleSnapshotIsNotResumed: a partition moves A → B → A between two
@@ -29,22 +27,14 @@ import (
 // and count it; its outputs still equal a clean run's.
 func TestStaleSnapshotIsNotResumed(t *testing.T) {
 	t.Parallel()
-	addr := kafkatest.Broker(t)
-	bin := buildBinary(t)
-	ctx := kafkatest.Context(t, 4*time.Minute)
-	adm := kafkatest.Admin(t, addr)
-	keep := map[string]string{"retention.ms": "-1"}
-	input := kafkatest.CreateTopic(t, addr, recPartitions, keep)
-	mk := func(name string) *scenario {
-		return &scenario{name: name, group: kafkatest.Group(t), store: "file://" + t.TempDir(),
-			out: kafkatest.CreateTopic(t, addr, recPartitions, keep), dlq: kafkatest.CreateTopic(t, addr, 1, keep)}
-	}
-	clean, moved := mk("clean"), mk("moved")
+	r := newRig(t, 4*time.Minute)
+	addr, bin, ctx, adm, input := r.addr, r.bin, r.ctx, r.adm, r.input
+	clean, moved := r.group("clean", false, "file"), r.group("moved", false, "file")
 	const windows = "1m:1s,5m:5s"
-	a := newInstance(t, bin, "a", append(moved.args(addr, input), "--windows", windows, "--metrics-addr", "127.0.0.1:0"))
+	a := newInstance(t, bin, "a", r.args(moved, "--windows", windows, "--metrics-addr", "127.0.0.1:0"))
 	bStore := "file://" + t.TempDir() // B's own directory: it never sees A's snapshots
-	b := newInstance(t, bin, "b", append(moved.args(addr, input), "--windows", windows, "--checkpoint-store", bStore))
-	c := newInstance(t, bin, "clean", append(clean.args(addr, input), "--windows", windows))
+	b := newInstance(t, bin, "b", r.args(moved, "--windows", windows, "--checkpoint-store", bStore))
+	c := newInstance(t, bin, "clean", r.args(clean, "--windows", windows))
 	moved.instances, clean.instances = []*instance{a, b}, []*instance{c}
 	t.Cleanup(func() {
 		for _, in := range []*instance{a, b, c} {
@@ -111,15 +101,10 @@ func TestStaleSnapshotIsNotResumed(t *testing.T) {
 // names the range and velocity_input_offsets_skipped_total counts it.
 func TestRetentionGapIsLoud(t *testing.T) {
 	t.Parallel()
-	addr := kafkatest.Broker(t)
-	bin := buildBinary(t)
-	ctx := kafkatest.Context(t, 3*time.Minute)
-	adm := kafkatest.Admin(t, addr)
-	keep := map[string]string{"retention.ms": "-1"}
-	input := kafkatest.CreateTopic(t, addr, recPartitions, keep)
-	sc := &scenario{name: "gap", group: kafkatest.Group(t), store: "file://" + t.TempDir(),
-		out: kafkatest.CreateTopic(t, addr, recPartitions, keep), dlq: kafkatest.CreateTopic(t, addr, 1, keep)}
-	in := newInstance(t, bin, "gap", append(sc.args(addr, input), "--metrics-addr", "127.0.0.1:0"))
+	r := newRig(t, 3*time.Minute)
+	addr, bin, ctx, adm, input := r.addr, r.bin, r.ctx, r.adm, r.input
+	sc := r.group("gap", false, "file")
+	in := newInstance(t, bin, "gap", r.args(sc, "--metrics-addr", "127.0.0.1:0"))
 	sc.instances = []*instance{in}
 	t.Cleanup(func() { in.kill(syscall.SIGKILL) })
 

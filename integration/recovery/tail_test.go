@@ -10,8 +10,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/velocity-consumer/velocity-consumer/integration/kafkatest"
 )
 
 // TestQuietPartitionTailIsCommitted is the smallest reproduction of the
@@ -31,23 +29,12 @@ func TestQuietPartitionTailIsCommitted(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			addr := kafkatest.Broker(t)
-			bin := buildBinary(t)
-			ctx := kafkatest.Context(t, 3*time.Minute)
-			adm := kafkatest.Admin(t, addr)
-			keep := map[string]string{"retention.ms": "-1"}
-			input := kafkatest.CreateTopic(t, addr, recPartitions, keep)
-			snaps := kafkatest.Name(t, "snap")
-			t.Cleanup(func() {
-				c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				_, _ = adm.DeleteTopic(c, snaps)
-			})
-			sc := &scenario{name: name, eos: eos, group: kafkatest.Group(t), store: "kafka://" + snaps,
-				out: kafkatest.CreateTopic(t, addr, recPartitions, keep), dlq: kafkatest.CreateTopic(t, addr, 1, keep)}
-			// Later flags win: a real reorder wait and idle release, which
-			// the other recovery tests turn off to stay deterministic.
-			args := append(sc.args(addr, input), "--allowed-lateness", "1s", "--idle-timeout", "1s")
+			r := newRig(t, 3*time.Minute)
+			addr, bin, ctx, adm, input := r.addr, r.bin, r.ctx, r.adm, r.input
+			sc := r.group(name, eos, "kafka")
+			// A real reorder wait and idle release, which the other
+			// recovery tests turn off to stay deterministic.
+			args := r.args(sc, "--allowed-lateness", "1s", "--idle-timeout", "1s")
 			in := newInstance(t, bin, name, args)
 			sc.instances = []*instance{in}
 			t.Cleanup(func() { in.kill(syscall.SIGKILL) })
@@ -127,15 +114,10 @@ func checkCovered(t *testing.T, ctx context.Context, addr string, sc *scenario, 
 // still see exactly one output per input offset.
 func TestQuietTailSurvivesAWarmUp(t *testing.T) {
 	t.Parallel()
-	addr := kafkatest.Broker(t)
-	bin := buildBinary(t)
-	ctx := kafkatest.Context(t, 3*time.Minute)
-	adm := kafkatest.Admin(t, addr)
-	keep := map[string]string{"retention.ms": "-1"}
-	input := kafkatest.CreateTopic(t, addr, recPartitions, keep)
-	sc := &scenario{name: "warm-up", eos: true, group: kafkatest.Group(t), store: "file://" + t.TempDir(),
-		out: kafkatest.CreateTopic(t, addr, recPartitions, keep), dlq: kafkatest.CreateTopic(t, addr, 1, keep)}
-	args := append(sc.args(addr, input), "--allowed-lateness", "1s", "--idle-timeout", "1s")
+	r := newRig(t, 3*time.Minute)
+	addr, bin, ctx, adm, input := r.addr, r.bin, r.ctx, r.adm, r.input
+	sc := r.group("warm-up", true, "file")
+	args := r.args(sc, "--allowed-lateness", "1s", "--idle-timeout", "1s")
 	a := newInstance(t, bin, "a", args)
 	b := newInstance(t, bin, "b", append(args, "--checkpoint-store", "file://"+t.TempDir()))
 	sc.instances = []*instance{b}
