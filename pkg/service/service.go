@@ -448,6 +448,7 @@ func (s *Service) pollLoop(ctx context.Context) {
 			return
 		}
 		round := newPollRound()
+		fetched := time.Now()
 		fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
 			if len(fp.Records) == 0 {
 				return
@@ -461,7 +462,7 @@ func (s *Service) pollLoop(ctx context.Context) {
 			}
 			round.left.Add(1)
 			select {
-			case w.in <- batch{records: fp.Records, hwm: fp.HighWatermark, round: round}:
+			case w.in <- batch{records: fp.Records, hwm: fp.HighWatermark, round: round, fetched: fetched}:
 			case <-w.done: // it left (transaction lost); reacquireLost rewinds the partition
 				round.finish()
 			case <-ctx.Done():

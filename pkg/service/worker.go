@@ -36,6 +36,7 @@ type batch struct {
 	records []*kgo.Record
 	hwm     int64
 	round   *pollRound // the poll that fetched it; nil for held records
+	fetched time.Time  // when that poll returned; zero for held records
 }
 
 // worker owns one partition: its Processor, its sink Tracker and its checkpoints.
@@ -389,6 +390,9 @@ func (w *worker) process(b batch) {
 		w.s.m.ConsumerLag.WithLabelValues(w.label).Set(float64(max(b.hwm-w.proc.Next(), 0)))
 	}
 	w.updatePressure()
+	if !b.fetched.IsZero() && len(records) > 0 {
+		w.s.m.AddedLatency.Observe(time.Since(b.fetched).Seconds())
+	}
 }
 
 // updatePressure asks the poll loop to pause fetching this partition above the
