@@ -85,17 +85,6 @@ func (c *capture) MustRegister(cols ...prometheus.Collector) {
 }
 func (c *capture) Unregister(prometheus.Collector) bool { return false }
 
-// TestPendingMetricsNotExported keeps PendingMetrics honest: a metric that is
-// exported now must leave the list.
-func TestPendingMetricsNotExported(t *testing.T) {
-	fams := exported(t)
-	for _, p := range PendingMetrics {
-		if fams[p] {
-			t.Errorf("%s is exported now: remove it from deploy.PendingMetrics", p)
-		}
-	}
-}
-
 // checkNames fails t for every metric expr names that pkg/metrics does not export
 // (pending ones aside), and if it names none at all. allowUp admits Prometheus's own
 // up, the one series a rule about an instance that is down can use.
