@@ -88,8 +88,8 @@ const aclFailBound = 60 * time.Second
 // principal holding exactly the ACLs that docs/acls.md lists for each command, then
 // without each of them in turn: the command must work with the list, and stop with
 // an error naming what to grant (and exit non-zero) within aclFailBound without any
-// single entry. Every case gets a SCRAM user and topics of its own, so cases run in
-// parallel on the one broker.
+// single entry. Every case gets a SCRAM user and topics of its own, so all cases run
+// in parallel on the one broker (about 20 processes of the light binary).
 func TestACL(t *testing.T) {
 	b := kafkatest.StartSecureBroker(t, kafkatest.WithAuthorizer())
 	bin := buildBinary(t)
@@ -191,6 +191,7 @@ func TestACL(t *testing.T) {
 
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
+			t.Parallel() // every case has its own user and topics
 			t.Run("with the documented ACLs", func(t *testing.T) {
 				t.Parallel()
 				n, conn := setUp(t, m)
