@@ -141,6 +141,16 @@ func TestACL(t *testing.T) {
 		}, run: func(t *testing.T, n names, conn []string) (string, error) {
 			return runLiveTwice(t, b, bin, n, conn, "--checkpoint-store", "kafka")
 		}},
+		// Output and dead-letter topics that do not exist yet: run creates them,
+		// which takes Create on each (and only then).
+		{name: "run, creating its output topics", acls: func(n names) []aclEntry {
+			return append(runACLs(n), createACLs(n)...)
+		}, removals: []string{"Create on topic <output>", "Create on topic <dlq>"}, prepare: func(t *testing.T, n *names) {
+			n.output, n.dlq = kafkatest.Topic(t)+"-out", kafkatest.Topic(t)+"-dlq"
+			deleteAfter(t, b.Addr, n.output, n.dlq)
+		}, run: func(t *testing.T, n names, conn []string) (string, error) {
+			return runLive(t, b, bin, n, conn, "--checkpoint-store", "file://"+t.TempDir())
+		}},
 		{name: "run --exactly-once", acls: func(n names) []aclEntry {
 			return append(runACLs(n), eosACLs(n)...)
 		}, removals: []string{"Write on transactional ids prefixed <txn-prefix>"},
@@ -299,6 +309,15 @@ func runACLs(n names) []aclEntry {
 			missing: []string{"--output-topic", n.output, "TOPIC_AUTHORIZATION_FAILED", "Write"}},
 		{name: "Write on topic <dlq>", kind: "topic", res: n.dlq, op: kadm.OpWrite,
 			missing: []string{"--dlq-topic", n.dlq, "TOPIC_AUTHORIZATION_FAILED", "Write"}},
+	}
+}
+
+func createACLs(n names) []aclEntry {
+	return []aclEntry{
+		{name: "Create on topic <output>", kind: "topic", res: n.output, op: kadm.OpCreate,
+			missing: []string{"--output-topic", n.output, "does not exist", "Create"}},
+		{name: "Create on topic <dlq>", kind: "topic", res: n.dlq, op: kadm.OpCreate,
+			missing: []string{"--dlq-topic", n.dlq, "does not exist", "Create"}},
 	}
 }
 
@@ -490,6 +509,15 @@ func waitACLs(t *testing.T, adm *kadm.Client, principal string, want int) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// deleteAfter deletes topics a command under test creates, when t ends.
+func deleteAfter(t *testing.T, addr string, topics ...string) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		_, _ = kadm.NewClient(kafkatest.Client(t, addr)).DeleteTopics(ctx, topics...)
+	})
 }
 
 func createNamed(t *testing.T, addr, topic string, partitions int32, configs map[string]*string) {
