@@ -26,8 +26,8 @@ import (
 )
 
 // An aclEntry is one line of docs/acls.md: an operation on a resource, granted to
-// the service's principal. Write, Read and Create on a topic, and Write on a
-// transactional id, imply Describe on it (Kafka's rule), so Describe never appears.
+// the service's principal. Read and Write imply Describe on their resource (Kafka's
+// rule), so Describe never appears.
 type aclEntry struct {
 	name    string // as the docs name it, e.g. "Read on topic <input>"
 	kind    string // topic, group or txn-prefix
