@@ -1,9 +1,11 @@
 package kafkatest
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -15,6 +17,10 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 )
 
 // SecureBroker is a private broker with a SASL_SSL listener beside its PLAINTEXT one,
@@ -34,18 +40,39 @@ type SecureBroker struct {
 	// format time); PlainUser/PlainPassword for PLAIN (in the listener's JAAS config).
 	ScramUser, ScramPassword string
 	PlainUser, PlainPassword string
+	// Authorizer is set when the broker runs KRaft's StandardAuthorizer
+	// (StartSecureBroker with WithAuthorizer): see WithAuthorizer.
+	Authorizer bool
 }
+
+// SecureOption changes how StartSecureBroker configures the broker.
+type SecureOption func(*secureOptions)
+
+type secureOptions struct{ authorizer bool }
+
+// WithAuthorizer turns on KRaft's StandardAuthorizer with no ACLs and
+// allow.everyone.if.no.acl.found=false: on the SASL_SSL listener a principal may do
+// only what ACLs grant it, as on a managed cluster. The super user is the PLAINTEXT
+// (and controller) listener's principal, User:ANONYMOUS, which the broker itself
+// needs between its roles and which tests use only for set-up: topics, SCRAM users
+// (AddScramUser) and ACLs, through Addr. ScramUser and PlainUser start with no ACLs.
+func WithAuthorizer() SecureOption { return func(o *secureOptions) { o.authorizer = true } }
 
 // StartSecureBroker starts a SecureBroker for t alone and stops it when t ends. The
 // certificates are generated here with crypto/x509 (no keytool); the broker reads them
 // as a PEM key store. It skips or fails like StartPrivateBroker.
-func StartSecureBroker(t testing.TB) *SecureBroker {
+func StartSecureBroker(t testing.TB, opts ...SecureOption) *SecureBroker {
 	t.Helper()
+	var o secureOptions
+	for _, f := range opts {
+		f(&o)
+	}
 	dir := t.TempDir()
 	sb := &SecureBroker{
 		ScramUser: "velocity-scram", ScramPassword: "scram-" + randomHex(8),
 		PlainUser: "velocity-plain", PlainPassword: "plain-" + randomHex(8),
 		CAFile: filepath.Join(dir, "ca.pem"), OtherCAFile: filepath.Join(dir, "other-ca.pem"),
+		Authorizer: o.authorizer,
 	}
 	keystore := filepath.Join(dir, "broker-keystore.pem")
 	if err := writeCerts(sb.CAFile, sb.OtherCAFile, keystore); err != nil {
@@ -66,6 +93,12 @@ listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.se
 ssl.keystore.type=PEM
 ssl.keystore.location=%[6]s
 `, port, cport, sport, sb.PlainUser, sb.PlainPassword, keystore)
+		if o.authorizer {
+			conf += `authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=false
+super.users=User:ANONYMOUS
+`
+		}
 		if err := os.WriteFile(props, []byte(conf), 0o600); err != nil {
 			t.Fatalf("kafkatest: %v", err)
 		}
@@ -164,4 +197,48 @@ func newCA(name string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
 	}
 	cert, err := x509.ParseCertificate(der)
 	return cert, key, err
+}
+
+// AddScramUser creates a SCRAM-SHA-512 user with a random password on a running
+// SecureBroker, through the super user's PLAINTEXT listener, and returns the password
+// once the SASL_SSL listener accepts it (credentials reach the listener through the
+// metadata log, a moment after the controller has them).
+func (sb *SecureBroker) AddScramUser(t testing.TB, user string) string {
+	t.Helper()
+	password := "scram-" + randomHex(8)
+	ctx := Context(t, 30*time.Second)
+	adm := kadm.NewClient(Client(t, sb.Addr))
+	res, err := adm.AlterUserSCRAMs(ctx, nil, []kadm.UpsertSCRAM{{
+		User: user, Mechanism: kadm.ScramSha512, Iterations: 4096, Password: password,
+	}})
+	if err == nil {
+		err = res.Error()
+	}
+	if err != nil {
+		t.Fatalf("kafkatest: create SCRAM user %s: %v", user, err)
+	}
+	pem, err := os.ReadFile(sb.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	for {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(sb.SASLAddr), kgo.DialTLSConfig(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}),
+			kgo.SASL(scram.Auth{User: user, Pass: password}.AsSha512Mechanism()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err = cl.Ping(pctx)
+		cancel()
+		cl.Close()
+		if err == nil {
+			return password
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("kafkatest: SCRAM user %s not accepted by the SASL_SSL listener: %v", user, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }

@@ -14,20 +14,25 @@ import (
 
 // Metrics holds the service's collectors.
 type Metrics struct {
-	RecordsIn         *prometheus.CounterVec
-	Features          *prometheus.CounterVec
-	DeadLetters       *prometheus.CounterVec
-	LateApplied       *prometheus.CounterVec
-	KeyMismatch       *prometheus.CounterVec
-	ReorderBuffer     *prometheus.GaugeVec
-	WatermarkLag      *prometheus.GaugeVec
-	Latency           prometheus.Histogram
+	RecordsIn     *prometheus.CounterVec
+	Features      *prometheus.CounterVec
+	DeadLetters   *prometheus.CounterVec
+	LateApplied   *prometheus.CounterVec
+	KeyMismatch   *prometheus.CounterVec
+	ReorderBuffer *prometheus.GaugeVec
+	WatermarkLag  *prometheus.GaugeVec
+	Latency       prometheus.Histogram
 	// AddedLatency is, per batch, the time from the poll that fetched it to
 	// the moment its last output was handed to the producer: what the service
 	// itself adds, without the reorder wait or the broker's acknowledgement.
-	AddedLatency prometheus.Histogram
-	Entities          *prometheus.GaugeVec
-	EntitiesEvicted   *prometheus.CounterVec
+	AddedLatency    prometheus.Histogram
+	Entities        *prometheus.GaugeVec
+	EntitiesEvicted *prometheus.CounterVec
+	// DedupeIDs is each partition's dedupe set size (pipeline.Processor.DedupeIDs),
+	// about 80 bytes of memory per id; DedupeEvicted counts the ids the
+	// --max-dedupe-ids cap made it forget (Processor.DedupeCapEvictions).
+	DedupeIDs         *prometheus.GaugeVec
+	DedupeEvicted     *prometheus.CounterVec
 	CheckpointSeconds prometheus.Histogram
 	CheckpointBytes   *prometheus.GaugeVec
 	// CheckpointWritten counts the bytes checkpoints hand to the store: each
@@ -118,6 +123,12 @@ func New(reg prometheus.Registerer) *Metrics {
 		EntitiesEvicted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "velocity_entities_evicted_total", Help: "Entities evicted: cause=idle (all windows empty) or cap (--max-entities).",
 		}, []string{"cause"}),
+		DedupeIDs: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "velocity_dedupe_ids", Help: "Event ids the partition remembers to dead-letter duplicates (--dedupe-horizon, capped by --max-dedupe-ids): about 80 bytes of memory each.",
+		}, part),
+		DedupeEvicted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "velocity_dedupe_ids_evicted_total", Help: "Event ids forgotten before their --dedupe-horizon because of --max-dedupe-ids, by partition: a duplicate of one is not caught.",
+		}, part),
 		CheckpointSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "velocity_checkpoint_duration_seconds", Help: "Time to flush, snapshot and commit one partition.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
@@ -180,7 +191,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(
 		m.RecordsIn, m.Features, m.DeadLetters, m.LateApplied, m.KeyMismatch, m.ReorderBuffer, m.WatermarkLag,
-		m.Latency, m.AddedLatency, m.Entities, m.EntitiesEvicted, m.CheckpointSeconds, m.CheckpointPause, m.CheckpointBytes, m.CheckpointWritten,
+		m.Latency, m.AddedLatency, m.Entities, m.EntitiesEvicted, m.DedupeIDs, m.DedupeEvicted, m.CheckpointSeconds, m.CheckpointPause, m.CheckpointBytes, m.CheckpointWritten,
 		m.CheckpointErrors, m.SnapshotFallbacks, m.SnapshotStepBacks, m.TxnPartitionsLost, m.TakeoversInterrupted, m.CommitErrors, m.ProduceErrors,
 		m.PausedPartitions, m.ConsumerLag, m.AssignedPartition,
 		m.SnapshotsStale, m.OffsetsSkipped, m.ProgressAge, m.CheckpointAge, m.PartitionsRestoring,
@@ -200,6 +211,7 @@ func (m *Metrics) ForgetPartition(p int32) {
 	m.ReorderBuffer.Delete(l)
 	m.WatermarkLag.Delete(l)
 	m.Entities.Delete(l)
+	m.DedupeIDs.Delete(l)
 	m.CheckpointBytes.Delete(l)
 	m.ConsumerLag.Delete(l)
 	m.ProgressAge.Delete(l)

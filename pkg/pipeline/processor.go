@@ -199,6 +199,14 @@ func (p *Processor) Entities() int { return p.table.Len() }
 // CapEvictions is how many entities the --max-entities cap has evicted.
 func (p *Processor) CapEvictions() uint64 { return p.table.CapEvictions() }
 
+// DedupeIDs is how many event ids the partition's dedupe set remembers
+// (watermark.Stage.DedupeIDs): its memory is about 80 bytes per id.
+func (p *Processor) DedupeIDs() int { return p.stage.DedupeIDs() }
+
+// DedupeCapEvictions is how many ids watermark.Config.MaxDedupeIDs (--max-dedupe-ids)
+// made the partition forget.
+func (p *Processor) DedupeCapEvictions() uint64 { return p.stage.DedupeCapEvictions() }
+
 // Watermark returns the partition's watermark (ok=false before any accepted event).
 func (p *Processor) Watermark() (int64, bool) { return p.stage.Watermark() }
 

@@ -490,3 +490,38 @@ func TestKeyMismatchCounted(t *testing.T) {
 		}
 	}
 }
+
+// TestMaxDedupeIDs: with watermark.Config.MaxDedupeIDs the processor forgets the
+// oldest ids first, reports the set's size, and a duplicate of a forgotten id gets
+// features, while one of a remembered id is still a duplicate dead letter.
+func TestMaxDedupeIDs(t *testing.T) {
+	sp, err := window.ParseSpecs("10s:1s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec, err := codec.NewDecoder("", codec.DefaultLimits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(Config{Topic: "tx", Specs: sp, Late: LateDLQ, Decoder: dec,
+		Watermark: watermark.Config{AllowedLateness: 1000, MaxDedupeIDs: 2}}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[int64]result{}
+	emit := collect(t, got)
+	for i, id := range []string{"a", "b", "c", "c", "a"} {
+		tx := codec.Transaction{EventID: id, EntityID: "card-A", AmountMinor: 1, EventTime: exampleT + int64(i)}
+		p.Process(Record{Topic: "tx", Offset: int64(i), Key: []byte("card-A"), Value: codec.EncodeTransaction(&tx)}, emit)
+	}
+	p.Flush(emit)
+	if r := got[3]; !r.dead || r.reason != codec.ReasonDuplicate {
+		t.Errorf("offset 3 (c again, remembered): %+v, want a duplicate dead letter", r)
+	}
+	if r := got[4]; r.dead {
+		t.Errorf("offset 4 (a again, forgotten by the cap of 2): %+v, want features", r)
+	}
+	if n, ev := p.DedupeIDs(), p.DedupeCapEvictions(); n != 2 || ev != 2 {
+		t.Errorf("DedupeIDs %d, DedupeCapEvictions %d; want 2 and 2", n, ev)
+	}
+}

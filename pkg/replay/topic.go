@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -149,6 +150,9 @@ func OpenTopic(ctx context.Context, cfg TopicConfig) (*TopicSource, error) {
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
 	starts, err := adm.ListStartOffsets(ctx, cfg.Topic)
+	if errors.Is(err, kerr.TopicAuthorizationFailed) {
+		return nil, fmt.Errorf("not authorized to read --input-topic %s (%w): grant this principal Read on it (Read includes Describe)", cfg.Topic, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("list offsets of %s on %v: %w (check --brokers and --input-topic)", cfg.Topic, cfg.Brokers, err)
 	}

@@ -21,24 +21,24 @@ type OutputTopic struct {
 // error at start (naming the flag, and the permission to grant) instead of
 // every produce retrying until its delivery timeout.
 func EnsureTopics(ctx context.Context, adm *kadm.Client, partitions int32, topics ...OutputTopic) (created []string, err error) {
-	names := make([]string, 0, len(topics))
-	for _, t := range topics {
-		if t.Name != "" {
-			names = append(names, t.Name)
-		}
-	}
-	if len(names) == 0 {
-		return nil, nil
-	}
-	md, err := adm.Metadata(ctx, names...)
-	if err != nil {
-		return nil, fmt.Errorf("read topic metadata: %w", err)
-	}
 	for _, t := range topics {
 		if t.Name == "" {
 			continue
 		}
-		if td, ok := md.Topics[t.Name]; ok && td.Err == nil {
+		// One topic per request: kadm turns a topic's TOPIC_AUTHORIZATION_FAILED
+		// into the request's error, which would not say which topic it was.
+		md, err := adm.Metadata(ctx, t.Name)
+		if errors.Is(err, kerr.TopicAuthorizationFailed) {
+			return created, notAuthorized(t, err)
+		}
+		if err != nil {
+			return created, fmt.Errorf("read topic metadata of %s %q: %w", t.Flag, t.Name, err)
+		}
+		td, ok := md.Topics[t.Name]
+		if ok && errors.Is(td.Err, kerr.TopicAuthorizationFailed) {
+			return created, notAuthorized(t, td.Err)
+		}
+		if ok && td.Err == nil {
 			continue
 		}
 		resp, err := adm.CreateTopic(ctx, max(partitions, 1), -1, nil, t.Name)
@@ -54,4 +54,11 @@ func EnsureTopics(ctx context.Context, adm *kadm.Client, partitions int32, topic
 		created = append(created, t.Name)
 	}
 	return created, nil
+}
+
+// notAuthorized is the error for an output topic the principal may not even
+// describe. Kafka answers so whether or not the topic exists (it hides topics
+// from principals without Describe), so the message names both grants.
+func notAuthorized(t OutputTopic, err error) error {
+	return fmt.Errorf("not authorized for %s %q (%w): grant this principal Write on it (Write includes Describe), and Create as well if it does not exist yet", t.Flag, t.Name, err)
 }

@@ -104,17 +104,21 @@ func TestSegmentedSnapshotsRestoreTheSameState(t *testing.T) {
 		minIDs   int // live at the end: the id list was exercised
 		maxMerge int // Config.MaxMergeBytes; 0 = the default, far above these tests
 		capped   bool
+		maxIDs   int // Config.MaxDedupeIDs
 	}{
-		{"ids expire within a few rounds", 4000, 60, 4000, 0, false},
-		{"horizon longer than the run", 1 << 40, 60, 30000, 0, false},
+		{"ids expire within a few rounds", 4000, 60, 4000, 0, false, 0},
+		{"horizon longer than the run", 1 << 40, 60, 30000, 0, false, 0},
 		// About 900 ids a round: level-1 merges (about 3 600 ids) fit under a
 		// cap of 10 000 ids, level-2 merges do not.
-		{"merges capped, ids expire", 4000, 60, 4000, 10000 * idEntryLen, false},
-		{"merges capped, horizon longer than the run", 1 << 40, 60, 30000, 10000 * idEntryLen, true},
+		{"merges capped, ids expire", 4000, 60, 4000, 10000 * idEntryLen, false, 0},
+		{"merges capped, horizon longer than the run", 1 << 40, 60, 30000, 10000 * idEntryLen, true, 0},
+		// The set held at 8 000 ids by MaxDedupeIDs: the front goes as the cap pushes
+		// it, not the horizon, and the segments still follow.
+		{"ids capped by MaxDedupeIDs", 1 << 40, 60, 8000, 0, false, 8000},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			store := newMemSegments()
-			cfg := Config{AllowedLateness: 50, DedupeHorizon: c.horizon, Segments: store, MaxMergeBytes: c.maxMerge}
+			cfg := Config{AllowedLateness: 50, DedupeHorizon: c.horizon, Segments: store, MaxMergeBytes: c.maxMerge, MaxDedupeIDs: c.maxIDs}
 			s := mustNew(t, cfg)
 			r := rand.New(rand.NewPCG(3, 9))
 			now, off := int64(0), int64(0)
@@ -179,6 +183,9 @@ func TestSegmentedSnapshotsRestoreTheSameState(t *testing.T) {
 			}
 			if s.ids.len() < c.minIDs {
 				t.Fatalf("only %d live ids: the test did not exercise the id list", s.ids.len())
+			}
+			if c.maxIDs > 0 && (s.DedupeIDs() > c.maxIDs || s.DedupeCapEvictions() == 0) {
+				t.Fatalf("%d ids, %d evicted by the cap of %d", s.DedupeIDs(), s.DedupeCapEvictions(), c.maxIDs)
 			}
 			if c.capped && !sawCapped {
 				t.Fatalf("the cap of %d bytes never stopped a merge: the test did not exercise it", c.maxMerge)

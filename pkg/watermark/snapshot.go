@@ -355,6 +355,10 @@ func Restore(cfg Config, data []byte) (*Stage, error) {
 	if err := s.decode(body[len(snapMagic)+1:], v); err != nil {
 		return nil, fmt.Errorf("restore watermark: %w", err)
 	}
+	if s.maxIDs > 0 && s.ring.n > s.maxIDs {
+		// Saved under a larger cap (or none): the oldest ids go first.
+		s.capIDs()
+	}
 	return s, nil
 }
 

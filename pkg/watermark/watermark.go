@@ -45,6 +45,12 @@ type Config struct {
 	// DisableDedupe turns duplicate detection off (Offer never returns Duplicate and
 	// Remember does nothing): for callers that deduplicate upstream, and for measuring.
 	DisableDedupe bool
+	// MaxDedupeIDs caps the ids remembered for dedupe (0 = no cap). The set holds
+	// every id accepted within DedupeHorizon, so it grows with rate × horizon; past
+	// the cap the oldest accepted ids are forgotten first, and a duplicate of a
+	// forgotten id is accepted as new. Deterministic: the same input and Config
+	// forget the same ids, live or in a replay. DedupeCapEvictions counts them.
+	MaxDedupeIDs int
 	// IdleTimeout: 0 = never idle-release. See Stage.Idle.
 	IdleTimeout time.Duration
 	// Now is the clock behind IdleTimeout; nil = time.Now. It is read only when
@@ -128,6 +134,8 @@ type Stage struct {
 	// live, and the snapshot skips that probe: one cache miss per id, which at
 	// millions of ids stalled the partition for hundreds of milliseconds.
 	superseded bool
+	maxIDs     int    // Config.MaxDedupeIDs; 0 = no cap
+	capEvicted uint64 // ids forgotten because of maxIDs
 
 	lastOffer time.Time
 	clock     time.Time // set by SetClock; zero = read now
@@ -153,6 +161,9 @@ func New(cfg Config) (*Stage, error) {
 	if cfg.IdleTimeout < 0 {
 		return nil, fmt.Errorf("watermark: idle timeout %v is negative; use 0 to disable idle release", cfg.IdleTimeout)
 	}
+	if cfg.MaxDedupeIDs < 0 {
+		return nil, fmt.Errorf("watermark: max dedupe ids %d is negative; use 0 for no cap", cfg.MaxDedupeIDs)
+	}
 	if cfg.MaxMergeBytes < 0 {
 		return nil, fmt.Errorf("watermark: max merge bytes %d is negative; use 0 for the default %d", cfg.MaxMergeBytes, DefaultMaxMergeBytes)
 	}
@@ -168,6 +179,7 @@ func New(cfg Config) (*Stage, error) {
 		lowBytes:    cfg.LowBytes,
 		segments:    cfg.Segments,
 		maxMerge:    uint64(cmp.Or(cfg.MaxMergeBytes, DefaultMaxMergeBytes) / idEntryLen),
+		maxIDs:      cfg.MaxDedupeIDs,
 	}
 	if s.horizon == 0 {
 		s.horizon = max(DefaultDedupeHorizon, s.lateness)
@@ -287,6 +299,9 @@ func (s *Stage) Offer(ev Event) Verdict {
 		// its time is >= wm >= maxSeen − horizon (horizon >= lateness).
 		sh.putAt(slot, found, k, ev.EventTime)
 		s.ring.push(idEntry{k: k, t: ev.EventTime})
+		if s.maxIDs > 0 && s.ring.n > s.maxIDs {
+			s.capIDs()
+		}
 	}
 	if !s.hasMax || ev.EventTime > s.maxSeen {
 		s.maxSeen = ev.EventTime
@@ -370,7 +385,31 @@ func (s *Stage) Remember(eventID string, eventTime int64) {
 	}
 	s.ids.set(k, eventTime)
 	s.ring.push(idEntry{k: k, t: eventTime})
+	if s.maxIDs > 0 && s.ring.n > s.maxIDs {
+		s.capIDs()
+	}
 }
+
+// capIDs forgets the oldest accepted ids until at most maxIDs remain, as expire
+// does for ids out of the horizon: the FIFO's front goes, and its table entry with
+// it unless the id was accepted again later (a younger entry then stands for it).
+func (s *Stage) capIDs() {
+	for s.ring.n > s.maxIDs {
+		e := s.ring.front()
+		s.ring.pop()
+		s.ids.delOlder(e.k, e.t+1)
+		s.capEvicted++
+	}
+}
+
+// DedupeIDs is the number of ids the dedupe set remembers (entries of its
+// acceptance FIFO: an id Remember refreshed may count twice until the older one
+// expires). Its memory is about 80 bytes per id (a 24-byte FIFO entry and a
+// 24-byte hash-table slot at a load of 0.35–0.6).
+func (s *Stage) DedupeIDs() int { return s.ring.n }
+
+// DedupeCapEvictions is how many ids Config.MaxDedupeIDs made the set forget.
+func (s *Stage) DedupeCapEvictions() uint64 { return s.capEvicted }
 
 // live reports whether an id accepted at t0 is still inside the dedupe horizon.
 func (s *Stage) live(t0 int64) bool {
