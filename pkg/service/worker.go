@@ -103,6 +103,11 @@ type worker struct {
 	bgDone    chan bgResult
 	lastStats pipeline.Stats
 	lastCap   uint64
+	// lastDedupeCap is the processor's count of ids the --max-dedupe-ids cap
+	// made it forget, at the last gauge update; dedupeWarned is the last
+	// warning about them (at most one per keyWarnEvery).
+	lastDedupeCap uint64
+	dedupeWarned  time.Time
 	keyWarned time.Time // last key-mismatch warning (at most one per keyWarnEvery)
 
 	// released is set once the partition is no longer this worker's (it
@@ -496,6 +501,16 @@ func (w *worker) updateGauges() {
 	}
 	if d := st.Evicted - w.lastStats.Evicted; d > 0 {
 		m.EntitiesEvicted.WithLabelValues("idle").Add(float64(d))
+	}
+	m.DedupeIDs.WithLabelValues(w.label).Set(float64(w.proc.DedupeIDs()))
+	if c := w.proc.DedupeCapEvictions(); c > w.lastDedupeCap {
+		m.DedupeEvicted.WithLabelValues(w.label).Add(float64(c - w.lastDedupeCap))
+		if time.Since(w.dedupeWarned) >= keyWarnEvery {
+			w.dedupeWarned = time.Now()
+			w.s.log.Warn("--max-dedupe-ids reached: forgot the oldest accepted event ids; duplicates of them are not caught",
+				zap.Int32("partition", w.part), zap.Uint64("forgotten", c-w.lastDedupeCap))
+		}
+		w.lastDedupeCap = c
 	}
 	if c := w.proc.CapEvictions(); c > w.lastCap {
 		m.EntitiesEvicted.WithLabelValues("cap").Add(float64(c - w.lastCap))
