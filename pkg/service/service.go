@@ -208,6 +208,8 @@ type Service struct {
 	// (under mu; refreshInputTopicID).
 	inputTopicID [16]byte
 
+	queryState // the query API's reads (query.go)
+
 	ready  atomic.Bool
 	failMu sync.Mutex
 	failed error

@@ -47,6 +47,7 @@ type worker struct {
 	in         chan batch
 	quit       chan bool // true: checkpoint before leaving
 	done       chan struct{}
+	queries    chan *ReadRequest // the query API's reads, served by run (query.go)
 
 	wantPause atomic.Bool
 	// fetchPaused is whether the poll loop paused fetching for us (poll loop only).
@@ -87,6 +88,7 @@ func (s *Service) startWorker(p int32, proc *pipeline.Processor, txn *kgo.Client
 		in:          make(chan batch, 4),
 		quit:        make(chan bool, 1),
 		done:        make(chan struct{}),
+		queries:     make(chan *ReadRequest, queryQueue),
 		bgDone:      make(chan bgResult, 1),
 		lastNext:    proc.Next(),
 		recordsIn:   s.m.RecordsIn.WithLabelValues(label),
@@ -169,6 +171,8 @@ func (w *worker) run() {
 				}
 			}
 			w.updateGauges()
+		case req := <-w.queries:
+			w.serveReads(req)
 		case res := <-w.bgDone:
 			if err := w.backgroundDone(res); err != nil {
 				w.s.fail(err)
