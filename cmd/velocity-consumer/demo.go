@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"net"
 	"os"
 	"sort"
 	"strconv"
@@ -45,6 +46,7 @@ type demoFlags struct {
 	seed       uint64
 	logLevel   string
 	pipe       pipelineFlags
+	api        apiFlags
 }
 
 func cmdDemo(ctx context.Context, args []string) error {
@@ -58,6 +60,7 @@ func cmdDemo(ctx context.Context, args []string) error {
 	e.env["seed"] = envName("seed")
 	e.String(&d.logLevel, "log-level", "warn", "service log level (the live view is printed regardless)")
 	d.pipe.register(e)
+	d.api.register(e, "127.0.0.1:0")
 	if err := e.Parse(args); err != nil {
 		return err
 	}
@@ -86,10 +89,21 @@ func cmdDemo(ctx context.Context, args []string) error {
 	fmt.Fprintf(out, "windows %s, allowed lateness %s, late policy %s; generating %d tx/s over %d entities for %s\n\n",
 		d.pipe.windows, d.pipe.allowedLateness, st.late, d.rate, d.entities, d.duration)
 
+	apiS, err := d.api.setup()
+	if err != nil {
+		return err
+	}
+	var apiLn net.Listener
+	if apiS.on {
+		if apiLn, err = apiS.listen(d.api.addr); err != nil {
+			return err
+		}
+		defer apiLn.Close()
+	}
 	view := newLiveView(st.specs)
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
-	svc, err := service.New(service.Config{
+	svcCfg := service.Config{
 		Brokers: brokers, Group: "velocity-demo",
 		InputTopic: input, OutputTopic: output, DLQTopic: dlq,
 		Specs: st.specs, Window: st.window, Watermark: st.watermark, Late: st.late,
@@ -98,9 +112,27 @@ func cmdDemo(ctx context.Context, args []string) error {
 		CheckpointInterval: 2 * time.Second,
 		Host:               "demo",
 		Observe:            view.observe,
-	}, log, m)
+		ClientOpts:         apiS.clientOpt(),
+	}
+	svc, err := service.New(svcCfg, log, m)
 	if err != nil {
 		return err
+	}
+	if apiS.on {
+		stop, err := serveAPI(ctx, apiLn, apiS, svc, svcCfg, reg, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		auth := ""
+		if apiS.token != "" {
+			auth = ` -H "Authorization: Bearer $(cat ` + d.api.tokenFile + `)"`
+		}
+		insecure := ""
+		if apiS.tls != nil {
+			insecure = " -k"
+		}
+		fmt.Fprintf(out, "query API at %s; try, while the demo runs:\n  curl -s%s%s %s/v1/entities/card-0/velocity\n\n", apiS.advertise, insecure, auth, apiS.advertise)
 	}
 	svcCtx, svcCancel := context.WithCancel(context.Background())
 	defer svcCancel()
