@@ -6,10 +6,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
 	"github.com/velocity-consumer/velocity-consumer/internal/oracle"
 	"github.com/velocity-consumer/velocity-consumer/internal/streamtest"
 	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+	"github.com/velocity-consumer/velocity-consumer/pkg/metrics"
 	"github.com/velocity-consumer/velocity-consumer/pkg/pipeline"
 	"github.com/velocity-consumer/velocity-consumer/pkg/window"
 )
@@ -80,4 +86,81 @@ func TestReadMatchesOracle(t *testing.T) {
 	if err := svc.Read(ctx, p, req); err != nil || pv.Outcome != "" || pv.Features.Windows[1].Count < 2 {
 		t.Fatalf("preview: %v %+v", err, pv)
 	}
+}
+
+// BenchmarkRead: one lookup of one entity through Service.Read, the path the API takes:
+// handed to the partition's worker over its queue, served in its loop, answered. The
+// worker is otherwise idle, so this is the hand-over's cost (two goroutine wake-ups)
+// plus the lookup.
+func BenchmarkRead(b *testing.B) {
+	brokers := newClusterB(b, 1)
+	st := streamtest.Generate(inTopic, 5, 2000, 1)
+	produceB(b, brokers, st)
+	cfg := testConfigB(b, brokers)
+	svc, stop := startServiceB(b, cfg)
+	defer stop()
+	ctx := context.Background()
+	req := NewReadRequest(1, len(cfg.Specs))
+	req.Items[0].Entity, req.Items[0].UseDefault = "card-7", true
+	for end := time.Now().Add(30 * time.Second); ; {
+		if err := svc.Read(ctx, 0, req); err == nil && req.Items[0].Info.LastOffset == int64(len(st.Records)-1) {
+			break
+		}
+		if time.Now().After(end) {
+			b.Fatal("the stream was not processed in 30s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		if err := svc.Read(ctx, 0, req); err != nil || req.Items[0].Err != nil {
+			b.Fatal(err, req.Items[0].Err)
+		}
+	}
+}
+
+// The benchmark's own helpers: service_test.go's take a *testing.T.
+
+func newClusterB(b *testing.B, partitions int32) []string {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, inTopic, outTopic, dlqTopic))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(c.Close)
+	return c.ListenAddrs()
+}
+
+func produceB(b *testing.B, brokers []string, st streamtest.Stream) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(context.Background(), st.Records...).FirstErr(); err != nil {
+		b.Fatal(err)
+	}
+}
+
+func testConfigB(b *testing.B, brokers []string) Config {
+	specs, err := window.ParseSpecs(window.DefaultSpecs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return Config{
+		Brokers: brokers, Group: "g", InputTopic: inTopic, OutputTopic: outTopic, DLQTopic: dlqTopic,
+		Specs: specs, Limits: codec.DefaultLimits(), Store: checkpoint.NewMemoryStore(),
+		CheckpointInterval: time.Minute, Host: "bench",
+	}
+}
+
+func startServiceB(b *testing.B, cfg Config) (*Service, func()) {
+	svc, err := New(cfg, zap.NewNop(), metrics.New(prometheus.NewRegistry()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	return svc, func() { cancel(); <-done }
 }
