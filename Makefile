@@ -9,6 +9,7 @@
 #   make check              gofmt and go vet, integration tests included
 #   make kafka-start | kafka-stop | kafka-status   a broker on 127.0.0.1:9092 for development
 #   make bench-peers        issue 9: ours vs Kafka Streams and the seed Python library (BENCHMARKS.md)
+#   make bench-api          issue 23: the query API under lookup load while ingesting at half of peak
 
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
@@ -21,7 +22,7 @@ INTEGRATION_TIMEOUT ?= 10m
 # Extra flags for go test, e.g. GOTESTFLAGS='-run TestKcat'.
 GOTESTFLAGS ?=
 
-.PHONY: demo test test-unit test-integration check kafka-start kafka-stop kafka-status bench-peers
+.PHONY: demo test test-unit test-integration check kafka-start kafka-stop kafka-status bench-peers bench-api
 
 demo:
 	$(GO) run ./cmd/velocity-consumer demo
@@ -85,3 +86,11 @@ bench-peers:
 	bin/velocity-bench seq --out $(BENCH_DIR)/seq-100k.bin --entities 100000 --events 1000000
 	python3 bench/python/seed_window.py $(BENCH_DIR)/seq-100k.bin --passes 5
 	VELOCITY_BENCH_SEQ=$(BENCH_DIR)/seq-100k.bin $(GO) test -run '^$$' -bench SeedSequence -count 5 ./cmd/velocity-bench/
+
+# Issue 23 (BENCHMARKS.md, "Query API"): needs the broker of `make kafka-start` (or
+# BENCH_BROKERS). Peak run, then half of it paced, without and with 20 000 lookups/s.
+BENCH_BROKERS ?= 127.0.0.1:9092
+bench-api:
+	$(GO) build -o bin/velocity-consumer ./cmd/velocity-consumer
+	$(GO) build -o bin/velocity-bench ./cmd/velocity-bench
+	bin/velocity-bench api --brokers $(BENCH_BROKERS) --vc bin/velocity-consumer --workdir bin/bench-api

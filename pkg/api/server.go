@@ -28,6 +28,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -81,6 +82,8 @@ type Server struct {
 	byName map[string]int
 	log    *zap.Logger
 	peers  *http.Client
+
+	reqPool sync.Pool // *service.ReadRequest of one lookup item
 
 	requests  *prometheus.CounterVec
 	latency   *prometheus.HistogramVec
@@ -562,7 +565,10 @@ func (s *Server) velocity(w http.ResponseWriter, r *http.Request, escID string) 
 		writeError(w, e)
 		return
 	}
-	q := r.URL.Query()
+	var q url.Values
+	if r.URL.RawQuery != "" {
+		q = r.URL.Query()
+	}
 	item := service.ReadItem{Entity: id, UseDefault: true}
 	if at, ok := q["at"]; ok {
 		if len(at) != 1 {
@@ -585,9 +591,15 @@ func (s *Server) velocity(w http.ResponseWriter, r *http.Request, escID string) 
 		writeError(w, e)
 		return
 	}
-	req := service.NewReadRequest(1, len(s.specs))
+	// A request goes back to the pool only once answered: after a timeout the
+	// worker may still write to it.
+	req, _ := s.reqPool.Get().(*service.ReadRequest)
+	if req == nil {
+		req = service.NewReadRequest(1, len(s.specs))
+	}
 	item.Aggs = req.Items[0].Aggs
 	req.Items[0] = item
+	req.Specs = nil
 	switch e := s.readLocal(r.Context(), p, req); {
 	case e == errNotHere:
 		base, e := s.owner(r, p)
@@ -601,7 +613,14 @@ func (s *Server) velocity(w http.ResponseWriter, r *http.Request, escID string) 
 	case req.Items[0].Err != nil:
 		writeError(w, itemError(req.Items[0].Err))
 	default:
-		writeJSON(w, http.StatusOK, s.velocityOf(&req.Items[0], p, sel))
+		v := s.velocityOf(&req.Items[0], p, sel)
+		bp := bufPool.Get().(*[]byte)
+		b := append(appendVelocity((*bp)[:0], &v), '\n')
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(b)
+		*bp = b
+		bufPool.Put(bp)
+		s.reqPool.Put(req) // answered: the worker is done with it
 	}
 }
 

@@ -337,3 +337,55 @@ func TestPreviewForwardedAndChangesNothing(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkVelocityHandler: the handler's own cost for a local lookup, without the
+// network or the hand-over to a partition's goroutine (the fake backend reads in the
+// caller's goroutine).
+func BenchmarkVelocityHandler(b *testing.B) {
+	specs, _ := window.ParseSpecs(window.DefaultSpecs)
+	dec, _ := codec.NewDecoder("", codec.DefaultLimits())
+	be := &fakeBackend{member: "A", specs: specs, procs: map[int32]*pipeline.Processor{}}
+	for p := range int32(parts) {
+		proc, _ := pipeline.New(pipeline.Config{Topic: "tx", Partition: p, Specs: specs, Decoder: dec}, 0)
+		be.procs[p] = proc
+	}
+	for i := range 2000 {
+		id := fmt.Sprintf("card-%d", i%100)
+		p := PartitionOf(id, parts)
+		tx := codec.Transaction{EventID: fmt.Sprint(i), EntityID: id, AmountMinor: int64(i), EventTime: t0 + int64(i)*100}
+		be.procs[p].Process(pipeline.Record{Offset: be.procs[p].Next(), Key: []byte(id), Value: codec.EncodeTransaction(&tx)}, func(*pipeline.Output) {})
+	}
+	srv, err := New(Config{Backend: be, Locator: &fakeLocator{stable: true}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	reqs := make([]*http.Request, 100)
+	for i := range reqs {
+		reqs[i] = httptest.NewRequest("GET", fmt.Sprintf("/v1/entities/card-%d/velocity", i), nil)
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		w := httptest.NewRecorder()
+		srv.ServeHTTP(w, reqs[i%len(reqs)])
+		if w.Code != 200 {
+			b.Fatal(w.Code, w.Body.String())
+		}
+	}
+}
+
+// TestEncodeMatchesEncodingJSON: the hand-written velocity JSON is what encoding/json
+// writes, for ids with every kind of character that needs escaping.
+func TestEncodeMatchesEncodingJSON(t *testing.T) {
+	type plain velocityJSON // without the MarshalJSON method
+	for _, id := range []string{"card-1", `a"b\c`, "tab\tnl\n<&>", "\x00\x1f\x7f", "é€😀", "bad\xff\xfeutf8", "\u2028\u2029", ""} {
+		v := velocityJSON{EntityID: id, Known: true, Partition: 3, AsOf: -5, AsOfTime: "t", LastOffset: -1, Pending: 2,
+			AtRange: rangeJSON{-1 << 62, 1 << 62}, Windows: []windowJSON{{"1m", 60000, 1000, 1, 2, 3, 4}, {"5m", 1, 2, 3, 4, 5, 6}}}
+		want, err := json.Marshal(plain(v))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := appendVelocity(nil, &v); string(got) != string(want) {
+			t.Errorf("id %q:\n got  %s\n want %s", id, got, want)
+		}
+	}
+}
