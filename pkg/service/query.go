@@ -7,8 +7,9 @@ package service
 // ticks), and signals done. Nothing else ever touches a Processor, so:
 //
 // Invariant 1 (no race): every read of a partition's state runs on the goroutine that
-// owns it, between two of its Process calls; there is no lock and no copy, and the
-// state a read sees is the state after a whole batch.
+// owns it, between two of its Process calls (between batches, and every readEvery+1
+// records within one); there is no lock and no copy, and the state a read sees is the
+// state after a whole record, whose offset the answer reports.
 //
 // Invariant 2 (no stall): one request costs the worker at most MaxReadItems lookups
 // (about 100–500 ns each; a preview also scans the reorder buffer once), so a read
@@ -156,6 +157,22 @@ func (w *worker) serveRead(req *ReadRequest) {
 		it.Info, it.Err = w.proc.Lookup(it.Entity, it.AsOf, it.UseDefault, it.Aggs)
 	}
 	req.Specs = w.s.cfg.Specs
+}
+
+// readEvery+1 is how many records of a batch the worker processes between two looks at
+// its read queue (a power of two): a fetched batch near the peak holds thousands of
+// records, several milliseconds of work, which a read would otherwise wait out.
+const readEvery = 255
+
+// serveQueued serves the reads already queued, without waiting for any: called
+// between two records of a batch, where the state is as consistent as between two
+// batches (a read reports the last offset it reflects).
+func (w *worker) serveQueued() {
+	select {
+	case req := <-w.queries:
+		w.serveReads(req)
+	default:
+	}
 }
 
 // serveReads serves the request just received and whatever else is already queued,

@@ -320,6 +320,9 @@ func (w *worker) process(b batch) {
 			Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
 			Key: r.Key, Value: r.Value, Arrival: arrival,
 		}, w.emitFn)
+		if i&readEvery == readEvery {
+			w.serveQueued() // reads wait for part of a large batch, not all of it (query.go)
+		}
 	}
 	if len(w.held) == 0 && w.backoff > 0 {
 		w.s.log.Info("schema registry answers again: partition resumes", zap.Int32("partition", w.part),
