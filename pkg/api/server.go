@@ -26,6 +26,7 @@ import (
 	"math"
 	"net/http"
 	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -627,8 +628,11 @@ func (s *Server) velocity(w http.ResponseWriter, r *http.Request, escID string) 
 type previewBody struct {
 	AmountMinor *json.Number    `json:"amount_minor"`
 	EventTime   json.RawMessage `json:"event_time"`
-	EventID     *string         `json:"event_id"`
+	EventID     json.RawMessage `json:"event_id"` // absent, or a string: null is refused
 }
+
+// isNull reports whether a field was given as JSON null (which no field takes).
+func isNull(raw json.RawMessage) bool { return string(bytes.TrimSpace(raw)) == "null" }
 
 type featuresJSON struct {
 	EventID         *string      `json:"event_id"`
@@ -686,12 +690,18 @@ func (s *Server) preview(w http.ResponseWriter, r *http.Request, escID string) {
 		writeError(w, e)
 		return
 	}
+	var eventID *string
 	if b.EventID != nil {
-		if l := len(*b.EventID); l == 0 || l > codec.MaxEventIDBytes || !utf8.ValidString(*b.EventID) {
+		var id string
+		if isNull(b.EventID) || json.Unmarshal(b.EventID, &id) != nil {
+			writeError(w, errf(http.StatusBadRequest, "invalid_event_id", "event_id must be a string"))
+			return
+		}
+		if l := len(id); l == 0 || l > codec.MaxEventIDBytes || !utf8.ValidString(id) {
 			writeError(w, errf(http.StatusBadRequest, "invalid_event_id", "event_id must be 1 to %d bytes of UTF-8", codec.MaxEventIDBytes))
 			return
 		}
-		tx.EventID = *b.EventID
+		tx.EventID, eventID = id, &id
 	}
 	p, e := s.partitionOf(id)
 	if e != nil {
@@ -700,7 +710,7 @@ func (s *Server) preview(w http.ResponseWriter, r *http.Request, escID string) {
 	}
 	pv := &pipeline.Preview{}
 	req := service.NewReadRequest(1, len(s.specs))
-	req.Items[0].Entity, req.Items[0].Preview, req.Items[0].Tx, req.Items[0].HasEventID = id, pv, tx, b.EventID != nil
+	req.Items[0].Entity, req.Items[0].Preview, req.Items[0].Tx, req.Items[0].HasEventID = id, pv, tx, eventID != nil
 	switch e := s.readLocal(r.Context(), p, req); {
 	case e == errNotHere:
 		base, e := s.owner(r, p)
@@ -721,7 +731,7 @@ func (s *Server) preview(w http.ResponseWriter, r *http.Request, escID string) {
 		out.Outcome = string(pv.Outcome)
 	} else {
 		f := &pv.Features
-		fj := &featuresJSON{EventID: b.EventID, EntityID: id, EventTime: f.EventTime, Late: f.Late,
+		fj := &featuresJSON{EventID: eventID, EntityID: id, EventTime: f.EventTime, Late: f.Late,
 			SourceTopic: f.SourceTopic, SourcePartition: f.SourcePartition, SourceOffset: f.SourceOffset}
 		if f.HasPrevious {
 			gap := f.MsSincePrevious
@@ -739,6 +749,44 @@ type batchBody struct {
 	EntityIDs []string        `json:"entity_ids"`
 	At        json.RawMessage `json:"at,omitempty"`
 	Windows   []string        `json:"windows,omitempty"`
+	// nullWindows records a "windows": null, which is refused (the schema says array).
+	nullWindows bool
+}
+
+// UnmarshalJSON decodes a batch body strictly: unknown fields refused (the caller's
+// decoder does that for the outer object), and windows null told apart from absent.
+func (b *batchBody) UnmarshalJSON(data []byte) error {
+	type plain struct {
+		EntityIDs *[]json.RawMessage `json:"entity_ids"`
+		At        json.RawMessage    `json:"at"`
+		Windows   json.RawMessage    `json:"windows"`
+	}
+	var p plain
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
+		return err
+	}
+	if p.EntityIDs != nil {
+		b.EntityIDs = make([]string, len(*p.EntityIDs))
+		for i, raw := range *p.EntityIDs {
+			// A null would decode as "", an id that is merely empty: refuse it.
+			if isNull(raw) || json.Unmarshal(raw, &b.EntityIDs[i]) != nil {
+				return &json.UnmarshalTypeError{Value: "entity id", Type: reflect.TypeFor[string](), Field: "entity_ids"}
+			}
+		}
+	}
+	b.At = p.At
+	if p.Windows != nil {
+		if isNull(p.Windows) {
+			b.nullWindows = true
+			return nil
+		}
+		if err := json.Unmarshal(p.Windows, &b.Windows); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 type batchItem struct {
@@ -766,11 +814,15 @@ func (s *Server) batch(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(b.EntityIDs) > MaxBatch {
-		writeError(w, errf(http.StatusRequestEntityTooLarge, "too_many_entities", "at most %d entity ids per batch", MaxBatch))
+		writeError(w, errf(http.StatusBadRequest, "too_many_entities", "at most %d entity ids per batch", MaxBatch))
+		return
+	}
+	if b.nullWindows {
+		writeError(w, errf(http.StatusBadRequest, "invalid_body", "windows must be an array of window names"))
 		return
 	}
 	useDefault, asOf := true, int64(0)
-	if len(b.At) > 0 && string(b.At) != "null" {
+	if len(b.At) > 0 {
 		var e *apiError
 		if asOf, e = jsonTime("at", b.At); e != nil {
 			writeError(w, e)

@@ -212,9 +212,17 @@ func TestBadInputIsAClear4xx(t *testing.T) {
 		{"POST", "/v1/entities/card-1/velocity:preview", `{"amount_minor": 1, "event_time": 5, "event_id": ""}`, 400, "invalid_event_id"},
 		{"POST", "/v1/entities/card-1/velocity:preview", `{"amount_minor": 1, "event_time": 5} {}`, 400, "invalid_body"},
 		{"POST", "/v1/velocity:batch", `{}`, 400, "invalid_body"},
+		{"POST", "/v1/velocity:batch", `{"entity_ids": ["a"], "x": 1}`, 400, "invalid_body"},
+		{"POST", "/v1/velocity:batch", `{"entity_ids": ["a"], "windows": null}`, 400, "invalid_body"},
+		{"POST", "/v1/velocity:batch", `{"entity_ids": ["a"], "at": null}`, 400, "invalid_at"},
+		{"POST", "/v1/velocity:batch", `{"entity_ids": null}`, 400, "invalid_body"},
+		{"POST", "/v1/velocity:batch", `{"entity_ids": [null]}`, 400, "invalid_body"},
+		{"POST", "/v1/velocity:batch", `{"entity_ids": [5]}`, 400, "invalid_body"},
+		{"POST", "/v1/entities/card-1/velocity:preview", `{"amount_minor": 1, "event_time": 5, "event_id": null}`, 400, "invalid_event_id"},
+		{"POST", "/v1/entities/card-1/velocity:preview", `{"amount_minor": 1, "event_time": 5, "event_id": 7}`, 400, "invalid_event_id"},
 		{"POST", "/v1/velocity:batch", `{"entity_ids": ["a"], "windows": ["2m"]}`, 400, "unknown_window"},
 		{"POST", "/v1/velocity:batch", `{"entity_ids": ["a"], "at": true}`, 400, "invalid_at"},
-		{"POST", "/v1/velocity:batch", `{"entity_ids": [` + strings.Repeat(`"a",`, MaxBatch) + `"a"]}`, 413, "too_many_entities"},
+		{"POST", "/v1/velocity:batch", `{"entity_ids": [` + strings.Repeat(`"a",`, MaxBatch) + `"a"]}`, 400, "too_many_entities"},
 	} {
 		code, _, v := do(t, tc.method, c.a.URL+tc.path, tc.body)
 		if code != tc.status || errCode(v) != tc.code {
