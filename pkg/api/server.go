@@ -531,6 +531,12 @@ func (s *Server) forwardRequest(ctx context.Context, method, u, auth string, bod
 	resp, err := s.peers.Do(req)
 	if err != nil {
 		cancel()
+		// A *url.Error names the URL, whose path holds the entity id: the callers log
+		// this error, and ids never go to logs.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = fmt.Errorf("%s to %s: %w", method, req.URL.Host, ue.Err)
+		}
 		return nil, err
 	}
 	resp.Body = cancelOnClose{resp.Body, cancel}

@@ -11,6 +11,9 @@ import (
 	"sync"
 	"testing"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/pipeline"
 	"github.com/velocity-consumer/velocity-consumer/pkg/service"
@@ -394,6 +397,37 @@ func TestEncodeMatchesEncodingJSON(t *testing.T) {
 		}
 		if got := appendVelocity(nil, &v); string(got) != string(want) {
 			t.Errorf("id %q:\n got  %s\n want %s", id, got, want)
+		}
+	}
+}
+
+// TestOwnerUnreachableLogsNoEntityID: a forward that fails is a 503, and its log line
+// names the owner, not the entity.
+func TestOwnerUnreachableLogsNoEntityID(t *testing.T) {
+	c := newCluster(t, "")
+	core, logs := observer.New(zap.DebugLevel)
+	srv, err := New(Config{Backend: c.backends["A"], Locator: c.loc, Log: zap.New(core)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv)
+	defer hs.Close()
+	c.b.Close() // B's partitions' owner is gone
+	id := "secret-card-id"
+	for PartitionOf(id, parts)%2 == 0 { // a partition of B's
+		id += "x"
+	}
+	code, h, _ := do(t, "GET", hs.URL+"/v1/entities/"+id+"/velocity", "")
+	if code != 503 || h.Get("Retry-After") == "" {
+		t.Fatalf("%d", code)
+	}
+	if logs.Len() == 0 {
+		t.Fatal("nothing logged")
+	}
+	for _, e := range logs.All() {
+		line := e.Message + fmt.Sprint(e.ContextMap())
+		if strings.Contains(line, "secret-card") {
+			t.Fatalf("entity id in a log line: %s", line)
 		}
 	}
 }
