@@ -31,6 +31,12 @@ func schemathesis(t *testing.T) string {
 			return p
 		}
 	}
+	// pip may have put it in Python's scripts directory without that being on PATH.
+	if out, err := exec.Command("python3", "-c", "import sysconfig; print(sysconfig.get_path('scripts'))").Output(); err == nil {
+		if p := filepath.Join(strings.TrimSpace(string(out)), "schemathesis"); fileExists(p) {
+			return p
+		}
+	}
 	msg := "the API fuzz run needs schemathesis on PATH (pip install schemathesis)"
 	if os.Getenv("VELOCITY_REQUIRE_KAFKA") == "1" || os.Getenv("VELOCITY_REQUIRE_SCHEMATHESIS") == "1" {
 		t.Fatal(msg)
@@ -139,4 +145,9 @@ func TestQueryAPIFuzz(t *testing.T) {
 	if err != nil {
 		t.Fatalf("schemathesis found failures (%v):\n%s", err, report)
 	}
+}
+
+func fileExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir()
 }
