@@ -218,3 +218,40 @@ func BenchmarkLookup(b *testing.B) {
 		b.Fatal("nothing read")
 	}
 }
+
+// TestLookupSameAfterRestore: a processor restored from a snapshot answers every
+// lookup as the one that took it, default as-of time included (newest is not in the
+// snapshot; Restore rebuilds it from the table).
+func TestLookupSameAfterRestore(t *testing.T) {
+	const specs = "10s:1s,1m:10s,1h:1m"
+	sp, _ := window.ParseSpecs(specs)
+	for seed := range uint64(10) {
+		rng := rand.New(rand.NewPCG(seed, 13))
+		p := newTestProcessor(t, specs, []int64{0, 1000}[seed%2], LateDLQ)
+		evs := randomStream(rng, 500)
+		for i, e := range evs {
+			tx := codec.Transaction{EventID: e.ID, EntityID: e.Entity, AmountMinor: e.Amount, EventTime: e.Time}
+			p.Process(Record{Topic: "tx", Offset: e.Offset, Key: []byte(e.Entity), Value: codec.EncodeTransaction(&tx)}, func(*Output) {})
+			if i%50 != 49 {
+				continue
+			}
+			q, err := Restore(p.cfg, p.AppendSnapshot(nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			d1, f1, t1 := p.AsOf()
+			d2, f2, t2 := q.AsOf()
+			if d1 != d2 || f1 != f2 || t1 != t2 {
+				t.Fatalf("seed %d record %d: AsOf %d %d %d, restored %d %d %d", seed, i, d1, f1, t1, d2, f2, t2)
+			}
+			a, b := make([]window.Agg, len(sp)), make([]window.Agg, len(sp))
+			for _, ent := range []string{"a", "b", "c", "d", "e"} {
+				i1, e1 := p.Lookup(ent, 0, true, a)
+				i2, e2 := q.Lookup(ent, 0, true, b)
+				if fmt.Sprint(i1, e1, a) != fmt.Sprint(i2, e2, b) {
+					t.Fatalf("seed %d record %d %s: %v %v %v, restored %v %v %v", seed, i, ent, i1, e1, a, i2, e2, b)
+				}
+			}
+		}
+	}
+}
