@@ -48,9 +48,10 @@ func (t *Table) ReadAt(entity string, asOf int64, out []Agg) (newest int64, know
 		return 0, false, nil
 	}
 	e := &t.slab[slot]
+	atOrAfter := asOf >= e.newest // then every window's bucket is at or after newest's
 	for i, b := range t.bms {
 		ka := floorDiv(asOf, b)
-		if ka < floorDiv(e.newest, b) {
+		if !atOrAfter && ka < floorDiv(e.newest, b) {
 			return e.newest, true, fmt.Errorf("%w: window %s holds buckets from the entity's newest event at %d on", ErrNotRetained, t.specs[i].Name, e.newest)
 		}
 		t.lo[i] = ka - t.nbs[i] + 1 // lowest bucket index read
