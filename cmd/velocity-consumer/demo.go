@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"net"
 	"os"
 	"sort"
 	"strconv"
@@ -55,6 +56,7 @@ type demoFlags struct {
 	logLevel    string
 	keepRunning bool
 	pipe        pipelineFlags
+	api         apiFlags
 }
 
 func (d *demoFlags) register(e *envFlags) {
@@ -67,6 +69,7 @@ func (d *demoFlags) register(e *envFlags) {
 	e.String(&d.logLevel, "log-level", "warn", "service log level (the live view is printed regardless)")
 	e.Bool(&d.keepRunning, "keep-running", false, "after the summary, keep the in-process broker and its topics up until Ctrl-C, and print its address and kcat commands to look around")
 	d.pipe.register(e)
+	d.api.register(e, "127.0.0.1:0")
 }
 
 func cmdDemo(ctx context.Context, args []string) error {
@@ -108,10 +111,21 @@ func runDemo(ctx context.Context, d *demoFlags, out io.Writer) error {
 	fmt.Fprintf(out, "latency is arrival at the consumer to the broker's ack of the features record; it includes the reorder wait\n"+
 		"of up to --allowed-lateness (%s): an event is released once the watermark passes it\n\n", d.pipe.allowedLateness)
 
+	apiS, err := d.api.setup()
+	if err != nil {
+		return err
+	}
+	var apiLn net.Listener
+	if apiS.on {
+		if apiLn, err = apiS.listen(d.api.addr); err != nil {
+			return err
+		}
+		defer apiLn.Close()
+	}
 	view := newLiveView(st.specs)
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
-	svc, err := service.New(service.Config{
+	svcCfg := service.Config{
 		Brokers: brokers, Group: "velocity-demo",
 		InputTopic: input, OutputTopic: output, DLQTopic: dlq,
 		Specs: st.specs, Window: st.window, Watermark: st.watermark, Late: st.late,
@@ -120,9 +134,27 @@ func runDemo(ctx context.Context, d *demoFlags, out io.Writer) error {
 		CheckpointInterval: 2 * time.Second,
 		Host:               "demo",
 		Observe:            view.observe,
-	}, log, m)
+		ClientOpts:         apiS.clientOpt(),
+	}
+	svc, err := service.New(svcCfg, log, m)
 	if err != nil {
 		return err
+	}
+	if apiS.on {
+		stop, err := serveAPI(ctx, apiLn, apiS, svc, svcCfg, reg, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		auth := ""
+		if apiS.token != "" {
+			auth = ` -H "Authorization: Bearer $(cat ` + d.api.tokenFile + `)"`
+		}
+		insecure := ""
+		if apiS.tls != nil {
+			insecure = " -k"
+		}
+		fmt.Fprintf(out, "query API at %s; try, while the demo runs:\n  curl -s%s%s %s/v1/entities/card-0/velocity\n\n", apiS.advertise, insecure, auth, apiS.advertise)
 	}
 	svcCtx, svcCancel := context.WithCancel(context.Background())
 	defer svcCancel()

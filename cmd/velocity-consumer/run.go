@@ -29,7 +29,10 @@ durable. SIGINT/SIGTERM checkpoint every partition and leave the group.
 
 Serves Prometheus metrics on --metrics-addr at /metrics, and /healthz, /readyz
 (and Go's profiler at /debug/pprof/ with --pprof).
-They carry counts, sizes and latencies by partition or reason, never entity data.`
+They carry counts, sizes and latencies by partition or reason, never entity data.
+
+With --api-addr, serves the query API on a listener of its own: an entity's
+velocity from the live state, on request, from any instance (docs/api.md).`
 
 type runFlags struct {
 	brokers, group, input, output, dlq string
@@ -46,6 +49,7 @@ type runFlags struct {
 	sessionTimeout                     time.Duration
 	pipe                               pipelineFlags
 	conn                               connFlags
+	api                                apiFlags
 }
 
 func (r *runFlags) register(e *envFlags) {
@@ -68,6 +72,7 @@ func (r *runFlags) register(e *envFlags) {
 	e.Duration(&r.sessionTimeout, "session-timeout", 45*time.Second, "consumer group session timeout: how long a crashed instance keeps its partitions before they move (the broker allows 6s..30m by default)")
 	r.pipe.register(e)
 	r.conn.register(e)
+	r.api.register(e, "")
 }
 
 // serviceConfig validates the flags and builds the service configuration.
@@ -149,11 +154,23 @@ func cmdRun(ctx context.Context, args []string) error {
 	if _, _, err := r.conn.clientOpts(log); err != nil {
 		return err
 	}
+	apiS, err := r.api.setup()
+	if err != nil {
+		return err
+	}
 	cfg, err := r.serviceConfig()
 	if err != nil {
 		return err
 	}
 	defer cfg.Store.Close()
+	var apiLn net.Listener
+	if apiS.on {
+		if apiLn, err = apiS.listen(r.api.addr); err != nil {
+			return err
+		}
+		defer apiLn.Close()
+	}
+	cfg.ClientOpts = append(cfg.ClientOpts, apiS.clientOpt()...)
 	if err := r.useRegistry(ctx, &cfg, log); err != nil {
 		return err
 	}
@@ -167,6 +184,13 @@ func cmdRun(ctx context.Context, args []string) error {
 	}
 	if r.metricsAddr != "" {
 		stop, err := serveHTTP(r.metricsAddr, reg, svc, log, r.pprof)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	if apiS.on {
+		stop, err := serveAPI(ctx, apiLn, apiS, svc, cfg, reg, log)
 		if err != nil {
 			return err
 		}

@@ -133,6 +133,14 @@ type Processor struct {
 	// sweeps run. 0 under --late=dlq.
 	lateHorizon int64
 
+	// newest is the largest event time counted so far (hasNewest: any), behind the
+	// query API's default as-of time (query.go). Not in snapshots: Restore takes the
+	// largest newest time of the entities the table holds, which differs only when
+	// the entity of the newest event was swept, so both lie before lastSweep and
+	// the default, the later of newest and lastSweep, is the same.
+	newest    int64
+	hasNewest bool
+
 	tx       codec.Transaction
 	aggs     []window.Agg
 	feat     codec.Features
@@ -377,6 +385,9 @@ func (p *Processor) apply(ev *watermark.Event, late bool, emit func(*Output)) er
 	if err != nil {
 		return err
 	}
+	if !p.hasNewest || ev.EventTime > p.newest {
+		p.newest, p.hasNewest = ev.EventTime, true
+	}
 	f := &p.feat
 	f.EventID, f.EntityID, f.EventTime = ev.EventID, ev.EntityID, ev.EventTime
 	for i := range p.aggs {
@@ -596,6 +607,7 @@ func Restore(cfg Config, data []byte) (*Processor, error) {
 		return nil, fmt.Errorf("pipeline snapshot: %w", err)
 	}
 	p := &Processor{cfg: cfg, stage: stage, table: table, next: next, lastSweep: lastSweep}
+	p.newest, p.hasNewest = table.MaxNewest()
 	p.init()
 	return p, nil
 }

@@ -211,6 +211,8 @@ type Service struct {
 	// (under mu; refreshInputTopicID).
 	inputTopicID [16]byte
 
+	queryState // the query API's reads (query.go)
+
 	ready atomic.Bool
 	// restoring counts takeovers in progress (assigned, reacquireLost).
 	restoring atomic.Int32

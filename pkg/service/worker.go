@@ -54,6 +54,7 @@ type worker struct {
 	in         chan batch
 	quit       chan bool // true: checkpoint before leaving
 	done       chan struct{}
+	queries    chan *ReadRequest // the query API's reads, served by run (query.go)
 
 	wantPause atomic.Bool
 	// fetchPaused is whether the poll loop paused fetching for us (poll loop only).
@@ -108,7 +109,7 @@ type worker struct {
 	// warning about them (at most one per keyWarnEvery).
 	lastDedupeCap uint64
 	dedupeWarned  time.Time
-	keyWarned time.Time // last key-mismatch warning (at most one per keyWarnEvery)
+	keyWarned     time.Time // last key-mismatch warning (at most one per keyWarnEvery)
 
 	// released is set once the partition is no longer this worker's (it
 	// returned, or was told to leave without a checkpoint): a background
@@ -128,6 +129,7 @@ func (s *Service) startWorker(p int32, proc *pipeline.Processor, txn *kgo.Client
 		in:          make(chan batch, 4),
 		quit:        make(chan bool, 1),
 		done:        make(chan struct{}),
+		queries:     make(chan *ReadRequest, queryQueue),
 		bgDone:      make(chan bgResult, 1),
 		lastNext:    proc.Next(),
 		savedNext:   proc.Next(),
@@ -214,6 +216,8 @@ func (w *worker) run() {
 				}
 			}
 			w.updateGauges()
+		case req := <-w.queries:
+			w.serveReads(req)
 		case res := <-w.bgDone:
 			if err := w.backgroundDone(res); err != nil {
 				w.leaveOrFail(err)
@@ -383,6 +387,9 @@ func (w *worker) process(b batch) {
 			Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
 			Key: r.Key, Value: r.Value, Arrival: arrival,
 		}, w.emitFn)
+		if i&readEvery == readEvery {
+			w.serveQueued() // reads wait for part of a large batch, not all of it (query.go)
+		}
 	}
 	if len(w.held) == 0 && w.backoff > 0 {
 		w.s.log.Info("schema registry answers again: partition resumes", zap.Int32("partition", w.part),

@@ -108,6 +108,7 @@ type Table struct {
 
 	// per-call scratch, sized to the number of windows, so Apply does not allocate
 	lo, hi, fsum []int64
+	order        []int // ReadAt's windows by decreasing lower bound (read.go)
 }
 
 // NewTable makes an empty table for specs (as returned by ParseSpecs).

@@ -1,0 +1,153 @@
+//go:build integration
+
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/velocity-consumer/velocity-consumer/integration/kafkatest"
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+)
+
+// schemathesis finds the schemathesis CLI. Missing, it skips the test, or fails it
+// where a run must not skip: VELOCITY_REQUIRE_KAFKA=1 (CI, make test-integration) or
+// VELOCITY_REQUIRE_SCHEMATHESIS=1. .ci/run installs it (pip install schemathesis).
+func schemathesis(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"schemathesis", "st"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	// pip may have put it in Python's scripts directory without that being on PATH.
+	if out, err := exec.Command("python3", "-c", "import sysconfig; print(sysconfig.get_path('scripts'))").Output(); err == nil {
+		if p := filepath.Join(strings.TrimSpace(string(out)), "schemathesis"); fileExists(p) {
+			return p
+		}
+	}
+	msg := "the API fuzz run needs schemathesis on PATH (pip install schemathesis)"
+	if os.Getenv("VELOCITY_REQUIRE_KAFKA") == "1" || os.Getenv("VELOCITY_REQUIRE_SCHEMATHESIS") == "1" {
+		t.Fatal(msg)
+	}
+	t.Skip("skipping: " + msg)
+	return ""
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// TestQueryAPIFuzz runs schemathesis against the OpenAPI document (api/openapi.yaml)
+// and the built binary's query API, serving a real topic on the real broker with a
+// bearer token: every generated request, valid or not, must get a documented status
+// with a body of the documented schema and content type, never a 5xx; invalid input
+// must be refused, a missing token must be refused, wrong methods get 405.
+func TestQueryAPIFuzz(t *testing.T) {
+	t.Parallel()
+	st := schemathesis(t)
+	addr := kafkatest.Broker(t)
+	in, out, dlq := liveTopics(t, addr, 3)
+	var recs []*kgo.Record
+	now := time.Now().Add(-10 * time.Minute).UnixMilli()
+	for i := range 2000 {
+		tx := codec.Transaction{EventID: fmt.Sprint("fuzz-", i), EntityID: fmt.Sprint("card-", i%50), AmountMinor: int64(i * 7), EventTime: now + int64(i)*100}
+		recs = append(recs, &kgo.Record{Topic: in, Key: []byte(tx.EntityID), Value: codec.EncodeTransaction(&tx)})
+	}
+	if err := kafkatest.Produce(kafkatest.Context(t, 60*time.Second), kafkatest.Client(t, addr), recs...); err != nil {
+		t.Fatal(err)
+	}
+
+	dir := t.TempDir()
+	token := filepath.Join(dir, "token")
+	if err := os.WriteFile(token, []byte("fuzz-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bin := replayBinary(t)
+	port := freePort(t)
+	base := "http://127.0.0.1:" + strconv.Itoa(port)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "run",
+		"--brokers", addr, "--group", kafkatest.Group(t), "--input-topic", in, "--output-topic", out, "--dlq-topic", dlq,
+		"--checkpoint-store", "memory", "--metrics-addr", "", "--windows", "1m:1s,5m:5s,1h:1m",
+		"--api-addr", "127.0.0.1:"+strconv.Itoa(port), "--api-token-file", token, "--log-level", "warn")
+	logf, err := os.Create(filepath.Join(dir, "service.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	cmd.WaitDelay = 30 * time.Second
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cancel()
+		_ = cmd.Wait()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("service log:\n%s", b)
+		}
+	}()
+	// Ready once every partition answers: the fuzz run must meet no 503 of a start.
+	client := &http.Client{Timeout: 5 * time.Second}
+	waitUntil(t, "the API answers for every partition", 90*time.Second, func() bool {
+		for i := range 50 {
+			req, _ := http.NewRequest("GET", fmt.Sprintf("%s/v1/entities/card-%d/velocity", base, i), nil)
+			req.Header.Set("Authorization", "Bearer fuzz-token")
+			resp, err := client.Do(req)
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return false
+			}
+		}
+		return true
+	})
+
+	spec, err := filepath.Abs("../api/openapi.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fuzz := exec.Command(st, "run", spec, "--url", base,
+		// Every check but positive_data_acceptance: a window name the document allows
+		// (any string) is refused unless it is configured, as it must be.
+		"--checks", "all", "--exclude-checks", "positive_data_acceptance",
+		"--header", "Authorization: Bearer fuzz-token",
+		"--max-time", "45", "--workers", "2", "--seed", "23")
+	fuzz.Env = append(os.Environ(), "NO_COLOR=1")
+	fuzz.Dir = t.TempDir() // its cache (.schemathesis/) stays out of the repository
+	outb, err := fuzz.CombinedOutput()
+	report := string(outb)
+	if i := strings.Index(report, "SUMMARY"); i >= 0 {
+		t.Logf("schemathesis:\n%s", report[i:])
+	}
+	if err != nil {
+		t.Fatalf("schemathesis found failures (%v):\n%s", err, report)
+	}
+}
+
+func fileExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir()
+}

@@ -1,0 +1,227 @@
+package service
+
+// The query path: the API's reads of a partition's live state (pkg/api).
+//
+// Design. A read is a ReadRequest handed to the partition's worker over its queries
+// channel; the worker serves it in its own select loop, between two batches (or
+// ticks), and signals done. Nothing else ever touches a Processor, so:
+//
+// Invariant 1 (no race): every read of a partition's state runs on the goroutine that
+// owns it, between two of its Process calls (between batches, and every readEvery+1
+// records within one); there is no lock and no copy, and the state a read sees is the
+// state after a whole record, whose offset the answer reports.
+//
+// Invariant 2 (no stall): one request costs the worker at most MaxReadItems lookups
+// (about 100–500 ns each; a preview also scans the reorder buffer once), so a read
+// delays the partition's next batch by well under a millisecond; requests queue in a
+// bounded channel and a full queue is refused at once (ErrBusy), never waited for by
+// the worker.
+//
+// Invariant 3 (no stale owner): a request is answered only by a worker registered in
+// Service.workers for its partition at the moment it serves it, and a worker leaves
+// the map before it stops (stopPartitions, leaveTxnLost), so once a partition has been
+// revoked or lost here, no read is answered from its state here. A partition being
+// restored has no worker yet: ErrNotOwned, which the API turns into 503 when the group
+// says the partition is ours (restoring) or moving.
+//
+// Invariant 4 (reads change nothing): pipeline.Processor.Lookup and Preview change no
+// state (see pkg/pipeline/query.go), so what the API receives cannot alter outputs,
+// snapshots or offsets.
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+	"github.com/velocity-consumer/velocity-consumer/pkg/pipeline"
+	"github.com/velocity-consumer/velocity-consumer/pkg/window"
+)
+
+// MaxReadItems bounds the items of one ReadRequest (see invariant 2).
+const MaxReadItems = 1000
+
+// queryQueue is how many requests may wait for one partition's worker.
+const queryQueue = 256
+
+var (
+	// ErrNotOwned: this instance runs no worker for the partition now (not ours,
+	// being restored, or just released).
+	ErrNotOwned = errors.New("service: partition not served by this instance now")
+	// ErrBusy: the partition's read queue is full.
+	ErrBusy = errors.New("service: partition read queue full")
+	// ErrTooManyItems: a request over MaxReadItems.
+	ErrTooManyItems = errors.New("service: too many items in one read request")
+)
+
+// ReadItem is one entity's lookup or preview in a ReadRequest. The caller fills the
+// inputs; the worker fills the outputs.
+type ReadItem struct {
+	Entity     string
+	AsOf       int64 // used unless UseDefault
+	UseDefault bool
+	// Preview, if set, makes this item a preview of Tx (Tx.EntityID is Entity)
+	// instead of a lookup; HasEventID says whether Tx.EventID was given.
+	Preview    *pipeline.Preview
+	Tx         codec.Transaction
+	HasEventID bool
+
+	// Outputs.
+	Info pipeline.LookupInfo
+	Aggs []window.Agg // len ≥ number of windows; the caller allocates
+	Err  error
+}
+
+// ReadRequest is a batch of reads of one partition.
+type ReadRequest struct {
+	Items []ReadItem
+	// Specs are the partition's windows, set by the worker.
+	Specs []window.Spec
+	done  chan struct{}
+}
+
+// NewReadRequest makes a request of n items with their Aggs sized for windows.
+func NewReadRequest(n, windows int) *ReadRequest {
+	r := &ReadRequest{Items: make([]ReadItem, n), done: make(chan struct{}, 1)}
+	aggs := make([]window.Agg, n*windows)
+	for i := range r.Items {
+		r.Items[i].Aggs = aggs[i*windows : (i+1)*windows : (i+1)*windows]
+	}
+	return r
+}
+
+// Read hands req to partition p's worker and waits for its answer. It returns
+// ErrNotOwned when no worker of this instance serves p (now, or by the time the
+// request reaches it), ErrBusy when p's queue is full, or ctx's error; then req must
+// not be reused (the worker may still write to it).
+func (s *Service) Read(ctx context.Context, p int32, req *ReadRequest) error {
+	if len(req.Items) > MaxReadItems {
+		return ErrTooManyItems
+	}
+	if req.done == nil {
+		req.done = make(chan struct{}, 1)
+	}
+	s.mu.Lock()
+	w := s.workers[p]
+	s.mu.Unlock()
+	if w == nil || w.queries == nil {
+		return ErrNotOwned
+	}
+	select {
+	case w.queries <- req:
+	case <-w.done:
+		return ErrNotOwned
+	default:
+		return ErrBusy
+	}
+	select {
+	case <-req.done:
+		if req.Specs == nil { // refused: no longer registered when it was served
+			return ErrNotOwned
+		}
+		return nil
+	case <-w.done:
+		// It may have served us just before leaving.
+		select {
+		case <-req.done:
+			if req.Specs != nil {
+				return nil
+			}
+		default:
+		}
+		return ErrNotOwned
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// serveRead answers req on the worker's goroutine (see the invariants above).
+func (w *worker) serveRead(req *ReadRequest) {
+	defer func() { req.done <- struct{}{} }()
+	w.s.mu.Lock()
+	current := w.s.workers[w.part] == w
+	w.s.mu.Unlock()
+	if !current {
+		return // req.Specs stays nil: not ours any more
+	}
+	dec := w.s.previewDecoder()
+	for i := range req.Items {
+		it := &req.Items[i]
+		if it.Preview != nil {
+			it.Tx.EntityID = it.Entity
+			w.proc.Preview(&it.Tx, it.HasEventID, dec, it.Preview)
+			def, from, to := w.proc.AsOf()
+			it.Info = pipeline.LookupInfo{AsOf: def, Pending: w.proc.Pending(), LastOffset: w.proc.Next() - 1, From: from, To: to}
+			continue
+		}
+		it.Info, it.Err = w.proc.Lookup(it.Entity, it.AsOf, it.UseDefault, it.Aggs)
+	}
+	req.Specs = w.s.cfg.Specs
+}
+
+// readEvery+1 is how many records of a batch the worker processes between two looks at
+// its read queue (a power of two): a fetched batch near the peak holds thousands of
+// records, several milliseconds of work, which a read would otherwise wait out.
+const readEvery = 255
+
+// serveQueued serves the reads already queued, without waiting for any: called
+// between two records of a batch, where the state is as consistent as between two
+// batches (a read reports the last offset it reflects).
+func (w *worker) serveQueued() {
+	select {
+	case req := <-w.queries:
+		w.serveReads(req)
+	default:
+	}
+}
+
+// serveReads serves the request just received and whatever else is already queued,
+// up to a bound, so that a burst of reads costs the partition one wake-up.
+func (w *worker) serveReads(first *ReadRequest) {
+	w.serveRead(first)
+	for range 16 {
+		select {
+		case req := <-w.queries:
+			w.serveRead(req)
+		default:
+			return
+		}
+	}
+}
+
+// previewDecoder validates preview transactions by the input's rules and limits.
+func (s *Service) previewDecoder() codec.Decoder {
+	s.previewOnce.Do(func() {
+		s.previewDec, _ = codec.NewDecoder("", s.cfg.Limits) // our own schema: cannot fail
+	})
+	return s.previewDec
+}
+
+// GroupMember returns this instance's member id in the consumer group, once Run has
+// joined it (ok=false before, or while the client is not a member).
+func (s *Service) GroupMember() (memberID string, ok bool) {
+	select {
+	case <-s.setUp:
+	default:
+		return "", false
+	}
+	if s.setUpErr != nil || s.cons == nil {
+		return "", false
+	}
+	id, gen := s.cons.GroupMetadata()
+	return id, id != "" && gen >= 0
+}
+
+// Specs are the windows every partition reports, in output order.
+func (s *Service) Specs() []window.Spec { return s.cfg.Specs }
+
+// Config returns the service's configuration after defaults (the API reads the group,
+// the input topic and the brokers' client options from it).
+func (s *Service) Config() Config { return s.cfg }
+
+// queryState is the Service's part of the query path (embedded so that service.go
+// does not change shape for it).
+type queryState struct {
+	previewOnce sync.Once
+	previewDec  codec.Decoder
+}

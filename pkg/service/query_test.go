@@ -1,0 +1,166 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/velocity-consumer/velocity-consumer/internal/oracle"
+	"github.com/velocity-consumer/velocity-consumer/internal/streamtest"
+	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+	"github.com/velocity-consumer/velocity-consumer/pkg/metrics"
+	"github.com/velocity-consumer/velocity-consumer/pkg/pipeline"
+	"github.com/velocity-consumer/velocity-consumer/pkg/window"
+)
+
+// TestReadMatchesOracle: once the stream is processed, a read of every entity through
+// its partition's worker equals the as-of aggregates recomputed from the stream.
+func TestReadMatchesOracle(t *testing.T) {
+	const partitions = 3
+	brokers := newCluster(t, partitions)
+	st := streamtest.Generate(inTopic, 4, 2000, partitions)
+	produce(t, brokers, st.Records)
+	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
+	svc, _ := startService(t, cfg)
+	readOutputs(t, brokers, len(st.Records), time.Minute)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for p, evs := range st.ByPart {
+		counted := oracle.Counted(oracle.Config{Specs: cfg.Specs, Topic: inTopic, Partition: p}, evs)
+		entities := map[string]bool{}
+		for _, e := range evs {
+			entities[e.Entity] = true
+		}
+		req := NewReadRequest(0, len(cfg.Specs))
+		for ent := range entities {
+			req.Items = append(req.Items, ReadItem{Entity: ent, UseDefault: true, Aggs: make([]window.Agg, len(cfg.Specs))})
+		}
+		// The partition may still be settling its last batch's outputs: the
+		// outputs were read, so its state has counted them.
+		if err := svc.Read(ctx, p, req); err != nil {
+			t.Fatalf("partition %d: %v", p, err)
+		}
+		for _, it := range req.Items {
+			if it.Err != nil {
+				t.Fatalf("partition %d: %v", p, it.Err)
+			}
+			want := oracle.WindowsAt(cfg.Specs, counted, it.Entity, it.Info.AsOf)
+			for i, w := range want {
+				if a := it.Aggs[i]; a.Count != w.Count || a.Sum != w.SumMinor || a.Min != w.MinMinor || a.Max != w.MaxMinor {
+					t.Fatalf("partition %d window %s at %d: got %+v, oracle %+v", p, w.Name, it.Info.AsOf, a, w)
+				}
+			}
+			if want := counted[len(counted)-1].Time; it.Info.AsOf != want {
+				t.Fatalf("partition %d: as_of %d, want the newest counted event time %d", p, it.Info.AsOf, want)
+			}
+			if it.Info.LastOffset != evs[len(evs)-1].Offset || !it.Info.Known {
+				t.Fatalf("partition %d: info %+v", p, it.Info)
+			}
+		}
+	}
+	if err := svc.Read(ctx, partitions, NewReadRequest(1, len(cfg.Specs))); !errors.Is(err, ErrNotOwned) {
+		t.Fatalf("a partition that does not exist: %v", err)
+	}
+	// A preview of an event after the stream: it counts the entity's newest window too.
+	p := int32(-1)
+	var last int64
+	for part, evs := range st.ByPart {
+		for _, e := range evs {
+			last = max(last, e.Time)
+			if e.Entity == "card-1" {
+				p = part
+			}
+		}
+	}
+	pv := &pipeline.Preview{}
+	req := NewReadRequest(1, len(cfg.Specs))
+	req.Items[0] = ReadItem{Entity: "card-1", Preview: pv, Tx: codec.Transaction{EventID: "preview-1", AmountMinor: 5, EventTime: last + 1}, HasEventID: true}
+	if err := svc.Read(ctx, p, req); err != nil || pv.Outcome != "" || pv.Features.Windows[1].Count < 2 {
+		t.Fatalf("preview: %v %+v", err, pv)
+	}
+}
+
+// BenchmarkRead: one lookup of one entity through Service.Read, the path the API takes:
+// handed to the partition's worker over its queue, served in its loop, answered. The
+// worker is otherwise idle, so this is the hand-over's cost (two goroutine wake-ups)
+// plus the lookup.
+func BenchmarkRead(b *testing.B) {
+	brokers := newClusterB(b, 1)
+	st := streamtest.Generate(inTopic, 5, 2000, 1)
+	produceB(b, brokers, st)
+	cfg := testConfigB(b, brokers)
+	svc, stop := startServiceB(b, cfg)
+	defer stop()
+	ctx := context.Background()
+	req := NewReadRequest(1, len(cfg.Specs))
+	req.Items[0].Entity, req.Items[0].UseDefault = "card-7", true
+	for end := time.Now().Add(30 * time.Second); ; {
+		if err := svc.Read(ctx, 0, req); err == nil && req.Items[0].Info.LastOffset == int64(len(st.Records)-1) {
+			break
+		}
+		if time.Now().After(end) {
+			b.Fatal("the stream was not processed in 30s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		if err := svc.Read(ctx, 0, req); err != nil || req.Items[0].Err != nil {
+			b.Fatal(err, req.Items[0].Err)
+		}
+	}
+}
+
+// The benchmark's own helpers: service_test.go's take a *testing.T.
+
+func newClusterB(b *testing.B, partitions int32) []string {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, inTopic, outTopic, dlqTopic))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(c.Close)
+	return c.ListenAddrs()
+}
+
+func produceB(b *testing.B, brokers []string, st streamtest.Stream) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(context.Background(), st.Records...).FirstErr(); err != nil {
+		b.Fatal(err)
+	}
+}
+
+func testConfigB(b *testing.B, brokers []string) Config {
+	specs, err := window.ParseSpecs(window.DefaultSpecs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return Config{
+		Brokers: brokers, Group: "g", InputTopic: inTopic, OutputTopic: outTopic, DLQTopic: dlqTopic,
+		Specs: specs, Limits: codec.DefaultLimits(), Store: checkpoint.NewMemoryStore(),
+		CheckpointInterval: time.Minute, Host: "bench",
+	}
+}
+
+func startServiceB(b *testing.B, cfg Config) (*Service, func()) {
+	svc, err := New(cfg, zap.NewNop(), metrics.New(prometheus.NewRegistry()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	return svc, func() { cancel(); <-done }
+}
