@@ -61,11 +61,6 @@ var aclPending = map[string]struct {
 	now   []string // what the error (or with works, the log) says today
 	works bool     // the command does not stop at all today
 }{
-	"run,_kafka_store_creating_its_topic/without_Read_on_topic_<snapshots>": {
-		why:   "the kafka store's Load reports no snapshot instead of TOPIC_AUTHORIZATION_FAILED when it may not read the snapshot topic, so every takeover rebuilds the state by a warm-up read (only the warm-up span of history: dedupe ids and ms_since_previous further back are lost) instead of stopping",
-		now:   []string{"no snapshot for a partition with a committed offset"},
-		works: true,
-	},
 }
 
 // pendingBound bounds a pending case and a run's wait for its outputs: as long as

@@ -386,7 +386,7 @@ func (s *KafkaStore) Claim(ctx context.Context, key Key, tiebreak uint32) (uint6
 		claim = manifest{Epoch: claim.Epoch}
 	}
 	if err := s.cl.ProduceSync(ctx, &kgo.Record{Topic: s.topic, Partition: manifestPartition, Key: manifestKey(key), Value: claim.encode()}).FirstErr(); err != nil {
-		return 0, fmt.Errorf("claim %s: produce to %s: %w", key, s.topic, err)
+		return 0, fmt.Errorf("claim %s: produce to %s: %w", key, s.topic, s.explain(err))
 	}
 	return claim.Epoch, nil
 }
@@ -425,7 +425,7 @@ func (s *KafkaStore) Save(ctx context.Context, key Key, snap Snapshot) error {
 	// The invariant above: every chunk is acknowledged before this manifest
 	// is produced.
 	if err := s.cl.ProduceSync(ctx, &kgo.Record{Topic: s.topic, Partition: manifestPartition, Key: manifestKey(key), Value: m.encode()}).FirstErr(); err != nil {
-		return fmt.Errorf("save snapshot %s: produce manifest to %s: %w", key, s.topic, err)
+		return fmt.Errorf("save snapshot %s: produce manifest to %s: %w", key, s.topic, s.explain(err))
 	}
 	after, err := s.refresh(ctx, key, false)
 	if err != nil {
@@ -468,7 +468,7 @@ func (s *KafkaStore) produceChunks(ctx context.Context, key Key, snap Snapshot, 
 	}
 	res := s.cl.ProduceSync(ctx, recs...)
 	if err := res.FirstErr(); err != nil {
-		return entry{}, fmt.Errorf("produce chunks to %s: %w", s.topic, err)
+		return entry{}, fmt.Errorf("produce chunks to %s: %w", s.topic, s.explain(err))
 	}
 	// ProduceSync returns results in order; chunks are in one partition from
 	// one producer, so chunk 0 has the lowest offset.
@@ -590,6 +590,18 @@ func (s *KafkaStore) tailTo(ctx context.Context, end int64) error {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("read %s/%d up to offset %d: %w", s.topic, manifestPartition, end, err)
 		}
+		// Errors first: a fetch the broker refuses (not authorized) comes
+		// back with a poll that ran out its time, and must not be taken for
+		// silence, or an unreadable topic looks empty.
+		var ferr error
+		fs.EachError(func(_ string, _ int32, err error) {
+			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) && !retry.Transient(err) {
+				ferr = err
+			}
+		})
+		if ferr != nil {
+			return fmt.Errorf("read %s/%d: %w", s.topic, manifestPartition, s.explain(ferr))
+		}
 		if pctx.Err() != nil && fs.NumRecords() == 0 {
 			if _, err := s.adm.ListEndOffsets(ctx, s.topic); err == nil {
 				answered = true
@@ -601,15 +613,6 @@ func (s *KafkaStore) tailTo(ctx context.Context, end int64) error {
 			continue
 		}
 		silent, answered = 0, false
-		var ferr error
-		fs.EachError(func(_ string, _ int32, err error) {
-			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) && !retry.Transient(err) {
-				ferr = err
-			}
-		})
-		if ferr != nil {
-			return fmt.Errorf("read %s/%d: %w", s.topic, manifestPartition, s.explain(ferr))
-		}
 		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
 			for _, r := range fp.Records {
 				if r.Offset < s.tailNext {
@@ -695,6 +698,18 @@ func (s *KafkaStore) scan(ctx context.Context, p int32, from int64, fn func(*kgo
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("read %s/%d up to offset %d: %w", s.topic, p, end.Offset, err)
 		}
+		// Errors first, as in tailTo: a refused fetch is not silence.
+		var ferr error
+		fs.EachError(func(_ string, _ int32, err error) {
+			// A broker restarting refuses dials for a while; the client
+			// retries the fetch itself.
+			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) && !retry.Transient(err) {
+				ferr = err
+			}
+		})
+		if ferr != nil {
+			return fmt.Errorf("read %s/%d: %w", s.topic, p, s.explain(ferr))
+		}
 		if pctx.Err() != nil && fs.NumRecords() == 0 {
 			if _, err := s.adm.ListEndOffsets(ctx, s.topic); err == nil {
 				answered = true
@@ -705,17 +720,6 @@ func (s *KafkaStore) scan(ctx context.Context, p int32, from int64, fn func(*kgo
 			continue
 		}
 		silent, answered = 0, false
-		var ferr error
-		fs.EachError(func(_ string, _ int32, err error) {
-			// A broker restarting refuses dials for a while; the client
-			// retries the fetch itself.
-			if !errors.Is(err, context.DeadlineExceeded) && !retry.Transient(err) {
-				ferr = err
-			}
-		})
-		if ferr != nil {
-			return fmt.Errorf("read %s/%d: %w", s.topic, p, s.explain(ferr))
-		}
 		done := false
 		fs.EachRecord(func(r *kgo.Record) {
 			if done {
