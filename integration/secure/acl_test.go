@@ -60,8 +60,7 @@ var aclPending = map[string]struct {
 	why   string
 	now   []string // what the error (or with works, the log) says today
 	works bool     // the command does not stop at all today
-}{
-}
+}{}
 
 // pendingBound bounds a pending case and a run's wait for its outputs: as long as
 // the service retries a takeover (2 minutes), with some slack.
