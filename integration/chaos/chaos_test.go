@@ -1,0 +1,730 @@
+//go:build integration
+
+package chaos
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/velocity-consumer/velocity-consumer/integration/kafkatest"
+)
+
+// The service's timing flags in every run. The checks' waits derive from them.
+const (
+	checkpointInterval = time.Second
+	idleTimeout        = 2 * time.Second
+	sessionTimeout     = 6 * time.Second // the least the broker accepts by default
+	slots              = 3               // instances 0..2; 1 and 2 run only between a scale-up and a scale-down
+	gracefulStop       = 60 * time.Second
+)
+
+// Environment of the checker (docs/fault-checker.md).
+//
+//	VELOCITY_CHAOS_SEED       seeds, comma-separated: run these schedules (default: one random seed per cell)
+//	VELOCITY_CHAOS_RUNS       random seeds per cell when VELOCITY_CHAOS_SEED is unset (default 1)
+//	VELOCITY_CHAOS_DURATION   planned length of each fault schedule, before the final checks (default 30s: one round)
+//	VELOCITY_CHAOS_SLACK      extra wait, on top of --checkpoint-interval + --idle-timeout, for outputs after the input goes quiet (default 15s)
+//	VELOCITY_CHAOS_LOGS       keep every run's logs under this directory (default: a temporary directory kept only when the run fails)
+//	VELOCITY_CHAOS_REPORT     append one line per run (date, cell, seed, outcome) to this file
+type chaosEnv struct {
+	seeds    []uint64
+	duration time.Duration
+	slack    time.Duration
+	logs     string
+	report   string
+}
+
+func readEnv(t *testing.T) chaosEnv {
+	e := chaosEnv{duration: 30 * time.Second, slack: 15 * time.Second, logs: os.Getenv("VELOCITY_CHAOS_LOGS"), report: os.Getenv("VELOCITY_CHAOS_REPORT")}
+	dur := func(name string, d *time.Duration) {
+		if v := os.Getenv(name); v != "" {
+			x, err := time.ParseDuration(v)
+			if err != nil || x < 0 {
+				t.Fatalf("%s=%q: want a duration such as 10m", name, v)
+			}
+			*d = x
+		}
+	}
+	dur("VELOCITY_CHAOS_DURATION", &e.duration)
+	dur("VELOCITY_CHAOS_SLACK", &e.slack)
+	if v := os.Getenv("VELOCITY_CHAOS_SEED"); v != "" {
+		for _, s := range strings.Split(v, ",") {
+			n, err := strconv.ParseUint(strings.TrimSpace(s), 10, 64)
+			if err != nil {
+				t.Fatalf("VELOCITY_CHAOS_SEED=%q: want seeds, comma-separated unsigned integers", v)
+			}
+			e.seeds = append(e.seeds, n)
+		}
+	}
+	return e
+}
+
+func randomSeeds(t *testing.T) []uint64 {
+	runs := 1
+	if v := os.Getenv("VELOCITY_CHAOS_RUNS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("VELOCITY_CHAOS_RUNS=%q: want a positive integer", v)
+		}
+		runs = n
+	}
+	var seeds []uint64
+	for range runs {
+		var b [8]byte
+		_, _ = crand.Read(b[:])
+		seeds = append(seeds, binary.LittleEndian.Uint64(b[:])%1_000_000_000) // short enough to type
+	}
+	return seeds
+}
+
+// cell is one point of the matrix: mode × checkpoint store.
+type cell struct {
+	eos  bool
+	file bool // a file:// directory per instance; else the kafka store
+}
+
+func (c cell) String() string {
+	m, s := "default", "kafka"
+	if c.eos {
+		m = "eos"
+	}
+	if c.file {
+		s = "file"
+	}
+	return m + "-" + s
+}
+
+// TestChaos runs the randomized fault checker: for each cell of the matrix
+// (default and --exactly-once, kafka and per-instance file stores), one
+// seeded schedule (more with VELOCITY_CHAOS_SEED or VELOCITY_CHAOS_RUNS), on
+// one private broker that the schedules restart. See the package doc and
+// docs/fault-checker.md.
+func TestChaos(t *testing.T) {
+	env := readEnv(t)
+	b := kafkatest.StartPrivateBroker(t)
+	bin := buildBinary(t)
+	for _, c := range []cell{{false, false}, {true, false}, {false, true}, {true, true}} {
+		t.Run(c.String(), func(t *testing.T) {
+			seeds := env.seeds
+			if seeds == nil {
+				seeds = randomSeeds(t)
+			}
+			for _, seed := range seeds {
+				t.Run(fmt.Sprintf("seed-%d", seed), func(t *testing.T) {
+					runChaos(t, b, bin, c, seed, env)
+				})
+			}
+		})
+	}
+}
+
+// buildBinary builds the service once per test binary.
+var (
+	buildOnce sync.Once
+	buildPath string
+	buildErr  error
+)
+
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		out, err := exec.Command("go", "env", "GOMOD").Output()
+		if err != nil {
+			buildErr = fmt.Errorf("go env GOMOD: %w", err)
+			return
+		}
+		root := filepath.Dir(strings.TrimSpace(string(out)))
+		dir, err := os.MkdirTemp("", "velocity-chaos-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		buildPath = filepath.Join(dir, "velocity-consumer")
+		cmd := exec.Command("go", "build", "-o", buildPath, "./cmd/velocity-consumer")
+		cmd.Dir = root
+		if b, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, b)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	t.Cleanup(func() { os.RemoveAll(filepath.Dir(buildPath)) })
+	return buildPath
+}
+
+// childEnv is the environment of the processes: the test's, less every
+// VELOCITY_* variable (each would set a flag of the service).
+func childEnv() []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "VELOCITY_") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// The semantic flags, the same for run and replay.
+var semantics = []string{
+	"--allowed-lateness", allowedLateness.String(),
+	"--max-record-bytes", strconv.Itoa(maxRecordBytes),
+	"--compression", "none",
+}
+
+// run is one schedule in one cell.
+type run struct {
+	t      *testing.T
+	b      *kafkatest.PrivateBroker
+	cell   cell
+	sched  schedule
+	env    chaosEnv
+	ctx    context.Context
+	dir    string
+	tl     *timeline
+	inst   [slots]*instance
+	prod   *producer
+	live   *collector // read_committed under --exactly-once
+	raw    *collector // read_uncommitted; the same as live in the default mode
+	input  string
+	notes  []string // what the processes did that the topic checks do not judge
+	faults map[faultKind]int
+	// lastFault is when the last fault ended: the final checks begin a
+	// session timeout after it, once its rebalance is over.
+	lastFault time.Time
+}
+
+func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, c cell, seed uint64, env chaosEnv) {
+	sched := makeSchedule(seed, env.duration, planTimes{session: sessionTimeout, idle: idleTimeout})
+	repro := fmt.Sprintf("VELOCITY_CHAOS_SEED=%d VELOCITY_CHAOS_DURATION=%s go test -tags integration -count=1 -v -run 'TestChaos/%s/' ./integration/chaos/",
+		seed, env.duration, c)
+	fmt.Fprintf(os.Stderr, "chaos: %s seed %d (reproduce: %s)\n", c, seed, repro)
+	t.Logf("chaos: %s, seed %d; reproduce with:\n  %s\n%s", c, seed, repro, sched)
+
+	dir, keep := logDir(t, env, c, seed)
+	r := &run{t: t, b: b, cell: c, sched: sched, env: env, dir: dir, faults: map[faultKind]int{}}
+	budget := sched.length() + 8*time.Minute
+	r.ctx = kafkatest.Context(t, budget)
+	tl, err := newTimeline(dir, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.tl = tl
+	if err := os.WriteFile(filepath.Join(dir, "schedule.txt"), []byte(sched.String()+"\nreproduce: "+repro+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	addr := b.Addr
+	keepAll := map[string]string{"retention.ms": "-1"}
+	r.input = kafkatest.CreateTopic(t, addr, partitions, keepAll)
+	out := kafkatest.CreateTopic(t, addr, partitions, keepAll)
+	dlq := kafkatest.CreateTopic(t, addr, partitions, keepAll)
+	replayOut := kafkatest.CreateTopic(t, addr, partitions, keepAll)
+	replayDLQ := kafkatest.CreateTopic(t, addr, partitions, keepAll)
+	group := kafkatest.Group(t)
+	snapTopic := kafkatest.Name(t, "snap")
+
+	for i := range r.inst {
+		store := "kafka://" + snapTopic
+		if c.file {
+			sd := filepath.Join(dir, fmt.Sprintf("state-%d", i))
+			if err := os.MkdirAll(sd, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			store = "file://" + sd
+		}
+		args := append([]string{
+			"--brokers", addr, "--group", group, "--input-topic", r.input,
+			"--output-topic", out, "--dlq-topic", dlq, "--checkpoint-store", store,
+			"--checkpoint-interval", checkpointInterval.String(), "--idle-timeout", idleTimeout.String(),
+			"--session-timeout", sessionTimeout.String(), "--metrics-addr", "", "--log-level", "info",
+		}, semantics...)
+		if c.eos {
+			args = append(args, "--exactly-once")
+		}
+		r.inst[i] = &instance{name: fmt.Sprintf("instance-%d", i), bin: bin, args: args,
+			logs: filepath.Join(dir, fmt.Sprintf("instance-%d.log", i)), tl: tl}
+	}
+	t.Cleanup(func() {
+		for _, in := range r.inst {
+			_, _ = in.stop(syscall.SIGKILL, 10*time.Second)
+		}
+		tl.close()
+		if t.Failed() || keep {
+			t.Logf("chaos: logs of this run (instances, timeline, schedule) kept in %s", dir)
+		} else {
+			os.RemoveAll(dir)
+		}
+	})
+
+	if r.live, err = newCollector(r.ctx, addr, out, dlq, c.eos); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.live.close)
+	r.raw = r.live
+	if c.eos {
+		if r.raw, err = newCollector(r.ctx, addr, out, dlq, false); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(r.raw.close)
+	}
+	// No delivery timeout: franz-go measures it from the record's timestamp,
+	// which is the event time, days ago. producer.burst bounds the wait.
+	pcl := kafkatest.Client(t, addr, kgo.DefaultProduceTopic(r.input), kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.ProducerLinger(5*time.Millisecond), kgo.RecordDeliveryTimeout(0), kgo.RetryTimeout(5*time.Minute))
+	r.prod = &producer{cl: pcl, gen: newGenerator(sched.InputSeed)}
+
+	// The schedule.
+	tl.logf("%s seed %d: start instance-0; %d phases planned over %s", c, seed, len(sched.Phases), sched.length())
+	r.must(r.inst[0].start())
+	for i, p := range sched.Phases {
+		r.phase(i, p)
+	}
+	tl.logf("schedule done: %d records produced; faults: %v", r.prod.total, r.faults)
+	cps := r.finale()
+
+	// The checks.
+	adm := kafkatest.Admin(t, addr)
+	ends := r.inputEnds(adm)
+	tl.logf("replay of %s into %s and %s", r.input, replayOut, replayDLQ)
+	replay := r.replay(bin, addr, replayOut, replayDLQ)
+	gen, err := readInput(r.ctx, addr, r.input, ends)
+	if err != nil {
+		t.Fatalf("read the input back: %v", err)
+	}
+	vin := verdictInput{inputTopic: r.input, ends: ends, replay: replay, gen: gen}
+	fails := checkReplay(vin)
+	if len(fails) > 0 {
+		vin.replay = nil // no reference: check the rest only
+	}
+	for _, cp := range cps {
+		fails = append(fails, check(cp, vin)...)
+	}
+	for _, col := range []*collector{r.live, r.raw} {
+		bad, fetch := col.problems()
+		if len(bad) > 0 {
+			fails = append(fails, fmt.Sprintf("%d output records are not readable as the contract says; first: %s", len(bad), bad[0]))
+		}
+		if len(fetch) > 0 {
+			r.notes = append(r.notes, fmt.Sprintf("the checker's reader saw fetch errors (expected around a broker restart): %s", strings.Join(fetch, "; ")))
+		}
+	}
+	r.summary(ends, cps)
+
+	total := int64(0)
+	for _, e := range ends {
+		total += e
+	}
+	outcome := "pass"
+	if len(fails) > 0 {
+		outcome = fmt.Sprintf("FAIL (%d checks)", len(fails))
+		var b strings.Builder
+		fmt.Fprintf(&b, "chaos: %s, seed %d: %d invariants broken over %d input offsets of %s.\n", c, seed, len(fails), total, r.input)
+		fmt.Fprintf(&b, "input end offsets: %s\n", describeEnds(ends))
+		fmt.Fprintf(&b, "reproduce: %s\n", repro)
+		fmt.Fprintf(&b, "logs: %s (instance-N.log per process slot, timeline.log, schedule.txt)\n", dir)
+		for _, f := range fails {
+			fmt.Fprintf(&b, "\n- %s\n", f)
+		}
+		if len(r.notes) > 0 {
+			fmt.Fprintf(&b, "\nnotes:\n  %s\n", strings.Join(r.notes, "\n  "))
+		}
+		t.Error(b.String())
+	} else if len(r.notes) > 0 {
+		t.Logf("chaos: notes:\n  %s", strings.Join(r.notes, "\n  "))
+	}
+	if env.report != "" {
+		line := fmt.Sprintf("%s\t%s\tseed=%d\tduration=%s\trecords=%d\tfaults=%v\tself-exits=%d\t%s\tlogs=%s\n",
+			time.Now().UTC().Format(time.RFC3339), c, seed, time.Since(tl.begin).Round(time.Second), total, r.faults, r.selfExits(), outcome, dir)
+		if f, err := os.OpenFile(env.report, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644); err == nil {
+			f.WriteString(line)
+			f.Close()
+		}
+	}
+}
+
+// logDir returns the run's log directory and whether to keep it after a pass.
+func logDir(t *testing.T, env chaosEnv, c cell, seed uint64) (string, bool) {
+	name := fmt.Sprintf("%s-seed-%d-%s", c, seed, time.Now().UTC().Format("20060102T150405"))
+	if env.logs != "" {
+		d := filepath.Join(env.logs, name)
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return d, true
+	}
+	d, err := os.MkdirTemp("", "velocity-chaos-"+name+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, false
+}
+
+func (r *run) must(err error) {
+	r.t.Helper()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// phase runs one phase: its input (a burst or a quiet period) in the
+// background and its fault, if any, at its moment.
+func (r *run) phase(i int, p phase) {
+	r.tl.logf("phase %d: %s", i, p)
+	begin := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		if p.Records > 0 {
+			done <- r.prod.burst(r.ctx, p.Records, p.Length)
+			return
+		}
+		select {
+		case <-time.After(p.Length):
+		case <-r.ctx.Done():
+		}
+		done <- nil
+	}()
+	if p.Fault != faultNone {
+		time.Sleep(time.Until(begin.Add(p.At)))
+		r.fault(p)
+		r.faults[p.Fault]++
+		r.lastFault = time.Now()
+	}
+	if err := <-done; err != nil {
+		r.t.Fatalf("phase %d: produce the input: %v", i, err)
+	}
+	r.supervise()
+}
+
+func (r *run) fault(p phase) {
+	tl := r.tl
+	switch p.Fault {
+	case faultKill:
+		in := r.inst[p.Slot]
+		if !in.running() {
+			tl.logf("%s is not running (it exited by itself); starting it", in.name)
+			r.must(in.start())
+			return
+		}
+		tl.logf("SIGKILL %s", in.name)
+		_, _ = in.stop(syscall.SIGKILL, 10*time.Second)
+		time.Sleep(p.Dur)
+		tl.logf("start %s", in.name)
+		r.must(in.start())
+	case faultFreeze:
+		in := r.inst[p.Slot]
+		tl.logf("SIGSTOP %s", in.name)
+		in.signal(syscall.SIGSTOP)
+		time.Sleep(p.Dur)
+		tl.logf("SIGCONT %s", in.name)
+		in.signal(syscall.SIGCONT)
+	case faultScaleUp:
+		tl.logf("scale up: start instance-1 and instance-2")
+		r.must(r.inst[1].start())
+		r.must(r.inst[2].start())
+	case faultScaleDown:
+		tl.logf("scale down: SIGTERM instance-1 and instance-2")
+		r.stopAll(syscall.SIGTERM, r.inst[1], r.inst[2])
+	case faultBroker:
+		tl.logf("SIGKILL the broker")
+		r.b.Kill(r.t)
+		time.Sleep(p.Dur)
+		tl.logf("restart the broker")
+		r.b.Restart(r.t)
+		tl.logf("broker answers again")
+	case faultGraceful:
+		var up []*instance
+		for _, in := range r.inst {
+			if in.running() {
+				up = append(up, in)
+			}
+		}
+		tl.logf("graceful restart: SIGTERM %d instances", len(up))
+		r.stopAll(syscall.SIGTERM, up...)
+		time.Sleep(p.Dur)
+		for _, in := range up {
+			tl.logf("start %s", in.name)
+			r.must(in.start())
+		}
+	}
+}
+
+// stopAll stops the instances at once and waits for all of them.
+func (r *run) stopAll(sig syscall.Signal, ins ...*instance) {
+	var wg sync.WaitGroup
+	for _, in := range ins {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d, err := in.stop(sig, gracefulStop)
+			if err != nil {
+				r.tl.logf("%v", err)
+				r.note("%v; end of its log:\n%s", err, in.tail(15))
+			} else if sig == syscall.SIGTERM {
+				r.tl.logf("%s stopped after SIGTERM in %s", in.name, d.Round(time.Millisecond))
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+var noteMu sync.Mutex
+
+func (r *run) note(format string, args ...any) {
+	noteMu.Lock()
+	defer noteMu.Unlock()
+	r.notes = append(r.notes, fmt.Sprintf(format, args...))
+}
+
+// supervise starts again an instance of the current topology that exited by
+// itself, as an orchestrator would; the exit is noted.
+func (r *run) supervise() {
+	want := 1
+	if r.inst[1].running() || r.inst[2].running() {
+		want = 3
+	}
+	for _, in := range r.inst[:want] {
+		if !in.running() {
+			r.tl.logf("%s exited by itself; starting it again", in.name)
+			r.note("%s exited by itself (%v); end of its log:\n%s", in.name, in.selfExit, in.tail(15))
+			r.must(in.start())
+		}
+	}
+}
+
+func (r *run) selfExits() int {
+	n := 0
+	for _, in := range r.inst {
+		in.mu.Lock()
+		n += len(in.selfExit)
+		in.mu.Unlock()
+	}
+	return n
+}
+
+// finale brings the run to its checks: a settling time with no fault, a last
+// burst of input, then the checkpoints at which the topics are read:
+//
+//  1. once the input has been quiet for --checkpoint-interval + --idle-timeout
+//     (+ slack): the exactly-once promise is that outputs are visible within
+//     a checkpoint interval, and the tail a partition's reorder buffer holds
+//     when the input stops is released by the idle timeout;
+//  2. after a SIGTERM of every instance;
+//  3. after one instance is started again with no new input and SIGTERMed.
+func (r *run) finale() []checkpoint {
+	t, tl := r.t, r.tl
+	adm := kafkatest.Admin(t, r.b.Addr)
+
+	// Settle: the last fault's rebalance is over (the session timeout of a
+	// killed or frozen process has passed), and the processes have read all
+	// the input so far (some output, committed or not, for every offset), or
+	// two minutes have passed.
+	r.supervise()
+	settle := r.lastFault.Add(sessionTimeout + 2*time.Second)
+	sctx, cancel := context.WithTimeout(r.ctx, 2*time.Minute)
+	ends := r.inputEnds(adm)
+	begin := time.Now()
+	for {
+		snap, err := r.raw.catchUp(sctx)
+		if err == nil && covered(snap, ends) == total(ends) && time.Now().After(settle) {
+			break
+		}
+		if sctx.Err() != nil {
+			tl.logf("settle: the processes had not read all %d input offsets after %s (%d covered); going on", total(ends), time.Since(begin).Round(time.Second), covered(snap, ends))
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	cancel()
+	tl.logf("settled in %s", time.Since(begin).Round(100*time.Millisecond))
+
+	const lastBurst = 1500
+	tl.logf("last burst: %d records over 1.5s", lastBurst)
+	r.must(r.prod.burst(r.ctx, lastBurst, 1500*time.Millisecond))
+	quiet := time.Now()
+	ends = r.inputEnds(adm)
+	tl.logf("input quiet: %d records in all", total(ends))
+
+	// Checkpoint 1: poll until every input offset has an output, at most
+	// --checkpoint-interval + --idle-timeout + slack after the input stopped.
+	wait := checkpointInterval + idleTimeout + r.env.slack
+	deadline := quiet.Add(wait)
+	var snap map[srcKey][]output
+	for {
+		cctx, cancel := context.WithDeadline(r.ctx, deadline.Add(10*time.Second))
+		s, err := r.live.catchUp(cctx)
+		cancel()
+		if err == nil {
+			snap = s
+		} else {
+			tl.logf("reading the outputs: %v", err)
+		}
+		if snap != nil && covered(snap, ends) == total(ends) {
+			tl.logf("checkpoint 1: all %d input offsets have an output %s after the input went quiet", total(ends), time.Since(quiet).Round(100*time.Millisecond))
+			break
+		}
+		if time.Now().After(deadline) {
+			tl.logf("checkpoint 1: %d of %d input offsets have an output %s after the input went quiet", covered(snap, ends), total(ends), time.Since(quiet).Round(100*time.Millisecond))
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	cps := []checkpoint{{label: fmt.Sprintf("checkpoint 1 (input quiet for --checkpoint-interval %s + --idle-timeout %s + slack %s)", checkpointInterval, idleTimeout, r.env.slack), eos: r.cell.eos, outs: snap}}
+
+	// Checkpoint 2: every instance stopped gracefully.
+	var up []*instance
+	for _, in := range r.inst {
+		if in.running() {
+			up = append(up, in)
+		}
+	}
+	tl.logf("SIGTERM every instance (%d)", len(up))
+	r.stopAll(syscall.SIGTERM, up...)
+	cps = append(cps, checkpoint{label: "checkpoint 2 (after a SIGTERM of every instance)", eos: r.cell.eos, outs: r.read()})
+
+	// Checkpoint 3: a restart with no new input, then SIGTERM again.
+	tl.logf("start instance-0 with no new input")
+	r.must(r.inst[0].start())
+	time.Sleep(checkpointInterval + idleTimeout + 4*time.Second) // joining the group and restoring take about a second or two
+	tl.logf("SIGTERM instance-0")
+	r.stopAll(syscall.SIGTERM, r.inst[0])
+	cps = append(cps, checkpoint{label: "checkpoint 3 (after a restart with no new input and another SIGTERM)", eos: r.cell.eos, outs: r.read()})
+	return cps
+}
+
+// read waits for the live collector to reach the topics' ends.
+func (r *run) read() map[srcKey][]output {
+	ctx, cancel := context.WithTimeout(r.ctx, time.Minute)
+	defer cancel()
+	snap, err := r.live.catchUp(ctx)
+	if err != nil {
+		r.t.Fatalf("read the outputs: %v", err)
+	}
+	return snap
+}
+
+func (r *run) inputEnds(adm *kadm.Client) map[int32]int64 {
+	ctx, cancel := context.WithTimeout(r.ctx, time.Minute)
+	defer cancel()
+	for {
+		l, err := adm.ListEndOffsets(ctx, r.input)
+		if err == nil {
+			err = l.Error()
+		}
+		if err == nil {
+			out := map[int32]int64{}
+			l.Each(func(o kadm.ListedOffset) { out[o.Partition] = o.Offset })
+			if len(out) == partitions {
+				return out
+			}
+		}
+		if ctx.Err() != nil {
+			r.t.Fatalf("list the end offsets of %s: %v", r.input, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+func describeEnds(ends map[int32]int64) string {
+	var parts []string
+	for p := range int32(partitions) {
+		parts = append(parts, fmt.Sprintf("partition %d: %d", p, ends[p]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func total(ends map[int32]int64) int {
+	n := 0
+	for _, e := range ends {
+		n += int(e)
+	}
+	return n
+}
+
+func covered(outs map[srcKey][]output, ends map[int32]int64) int {
+	n := 0
+	for k := range outs {
+		if e, ok := ends[k.part]; ok && k.offset >= 0 && k.offset < e {
+			n++
+		}
+	}
+	return n
+}
+
+// replay runs `velocity-consumer replay` of the whole input into two topics
+// and reads them back.
+func (r *run) replay(bin, addr, out, dlq string) map[srcKey][]output {
+	t := r.t
+	ctx, cancel := context.WithTimeout(r.ctx, 3*time.Minute)
+	defer cancel()
+	logPath := filepath.Join(r.dir, "replay.log")
+	f, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	args := append([]string{"replay", "--brokers", addr, "--input-topic", r.input, "--from", "start", "--to", "end",
+		"--output", "topic:" + out, "--dlq", "topic:" + dlq, "--quiet", "--log-format", "json"}, semantics...)
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = childEnv()
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := spawn(cmd); err != nil {
+		t.Fatalf("start replay: %v", err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("velocity-consumer %s: %v; log %s", strings.Join(args, " "), err, logPath)
+	}
+	col, err := newCollector(ctx, addr, out, dlq, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer col.close()
+	snap, err := col.catchUp(ctx)
+	if err != nil {
+		t.Fatalf("read the replay's outputs: %v", err)
+	}
+	if bad, _ := col.problems(); len(bad) > 0 {
+		t.Fatalf("replay's outputs are not readable as the contract says: %s", bad[0])
+	}
+	return snap
+}
+
+// summary logs what the run did and saw, pass or fail.
+func (r *run) summary(ends map[int32]int64, cps []checkpoint) {
+	last := cps[len(cps)-1].outs
+	repeats := 0
+	for _, os := range last {
+		repeats += len(os) - 1
+	}
+	extra := ""
+	if r.cell.eos {
+		raw, err := r.raw.catchUp(r.ctx)
+		if err == nil {
+			n := 0
+			for _, os := range raw {
+				n += len(os)
+			}
+			extra = fmt.Sprintf("; a read_uncommitted reader sees %d records (aborted transactions included)", n)
+		}
+	}
+	starts := 0
+	for _, in := range r.inst {
+		starts += in.starts
+	}
+	r.tl.logf("summary: %d input offsets, %d outputs repeated%s; %d process starts, %d exits nobody asked for; faults %v",
+		total(ends), repeats, extra, starts, r.selfExits(), r.faults)
+}
