@@ -19,6 +19,7 @@ func TestFrameRoundTrip(t *testing.T) {
 		{"empty state at offset zero", Snapshot{Next: 0, State: nil}},
 		{"small state", Snapshot{Next: 42, State: []byte("state")}},
 		{"large offset", Snapshot{Next: 1<<62 + 7, State: bytes.Repeat([]byte{0xab}, 1<<16)}},
+		{"epoch and seq", Snapshot{Next: 5, State: []byte("s"), Epoch: 3<<32 | 17, Seq: 1 << 40}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := Encode(tc.snap)
@@ -33,7 +34,7 @@ func TestFrameRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Decode: %v", err)
 			}
-			if got.Next != tc.snap.Next || !bytes.Equal(got.State, tc.snap.State) {
+			if got.Next != tc.snap.Next || !bytes.Equal(got.State, tc.snap.State) || got.ID() != tc.snap.ID() {
 				t.Fatalf("round trip: got next %d, %d state bytes; want next %d, %d bytes", got.Next, len(got.State), tc.snap.Next, len(tc.snap.State))
 			}
 		})
@@ -62,7 +63,7 @@ func TestDecodeRejects(t *testing.T) {
 		{"flipped crc bit", mutate(func(b []byte) []byte { b[len(b)-1] ^= 0x80; return b })},
 		{"bad magic", mutate(func(b []byte) []byte { b[0] = 'X'; return reframe(b) })},
 		{"unknown version", mutate(func(b []byte) []byte { b[5] = 99; return reframe(b) })},
-		{"length field lies", mutate(func(b []byte) []byte { b[21]++; return reframe(b) })},
+		{"length field lies", mutate(func(b []byte) []byte { b[frameHeader-1]++; return reframe(b) })},
 		{"negative next", mutate(func(b []byte) []byte { b[6] = 0x80; return reframe(b) })},
 		{"trailing garbage", append(append([]byte(nil), good...), 0)},
 	} {
@@ -332,5 +333,113 @@ func TestFileStoreRemovesStaleTemps(t *testing.T) {
 	}
 	if l := mustLoad(t, fs, key); l.Next != 5 {
 		t.Fatalf("Load next %d, want 5", l.Next)
+	}
+}
+
+// TestDecodeVersion1 reads a frame of the first version (no epoch, no seq), as
+// stores written before owner epochs hold: it decodes with the zero ID.
+func TestDecodeVersion1(t *testing.T) {
+	state := []byte("old state")
+	b := append([]byte("VSNP"), 0, 1)
+	b = binary.BigEndian.AppendUint64(b, 77)
+	b = binary.BigEndian.AppendUint64(b, uint64(len(state)))
+	b = append(b, state...)
+	b = binary.BigEndian.AppendUint32(b, crcOf(b))
+	got, err := Decode(b)
+	if err != nil {
+		t.Fatalf("Decode of a version 1 frame: %v", err)
+	}
+	if got.Next != 77 || !bytes.Equal(got.State, state) || got.ID() != (ID{}) {
+		t.Fatalf("version 1 frame decoded as next %d state %q id %+v", got.Next, got.State, got.ID())
+	}
+}
+
+func TestNextEpoch(t *testing.T) {
+	for _, tc := range []struct {
+		highest  uint64
+		tiebreak uint32
+		want     uint64
+	}{
+		{0, 0, 1 << 32},
+		{0, 9, 1<<32 | 9},
+		{1<<32 | 9, 3, 2<<32 | 3},  // a lower generation still claims above
+		{7<<32 | 1, 1, 8<<32 | 1},  // the counter decides first
+		{7<<32 | 99, 0, 8<<32 | 0}, // whatever the tiebreak was
+	} {
+		if got := NextEpoch(tc.highest, tc.tiebreak); got != tc.want || got <= tc.highest {
+			t.Errorf("NextEpoch(%#x, %d) = %#x, want %#x (above the highest)", tc.highest, tc.tiebreak, got, tc.want)
+		}
+	}
+}
+
+// TestStoresFenceOldOwners: two handles on one store's storage play two
+// instances. A owns the partition and saves; B claims it; from then on every
+// Save of A fails with ErrFenced and Load returns what B saved, never what A
+// tried to save after the claim. A later claim by A (it got the partition back)
+// fences B in turn.
+func TestStoresFenceOldOwners(t *testing.T) {
+	ctx := context.Background()
+	key := Key{Group: "g", Topic: "t", Partition: 1}
+	for _, tc := range []struct {
+		name string
+		pair func(t *testing.T) (a, b Store)
+	}{
+		{"file", func(t *testing.T) (Store, Store) {
+			dir := t.TempDir()
+			a, err := NewFileStore(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := NewFileStore(dir)
+			return a, b
+		}},
+		{"memory", func(t *testing.T) (Store, Store) { m := NewMemoryStore(); return m, m }},
+		{"kafka", func(t *testing.T) (Store, Store) {
+			a, addrs := newFakeKafkaStore(t, 64)
+			return a, openFake(t, addrs, 64)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := tc.pair(t)
+			ea, err := a.Claim(ctx, key, 1)
+			if err != nil {
+				t.Fatalf("A claims: %v", err)
+			}
+			mustSave(t, a, key, Snapshot{Next: 10, State: []byte("a10"), Epoch: ea, Seq: 1})
+			eb, err := b.Claim(ctx, key, 2)
+			if err != nil {
+				t.Fatalf("B claims: %v", err)
+			}
+			if eb <= ea {
+				t.Fatalf("B's epoch %#x is not above A's %#x", eb, ea)
+			}
+			if l := mustLoad(t, b, key); l.Next != 10 || string(l.State) != "a10" {
+				t.Fatalf("after B's claim, Load = next %d %q; want A's last save (10)", l.Next, l.State)
+			}
+			err = a.Save(ctx, key, Snapshot{Next: 20, State: []byte("a20"), Epoch: ea, Seq: 2})
+			if !errors.Is(err, ErrFenced) {
+				t.Fatalf("A saves after B's claim: %v, want ErrFenced", err)
+			}
+			for _, st := range []Store{a, b} {
+				if l := mustLoad(t, st, key); l.Next != 10 || string(l.State) != "a10" {
+					t.Fatalf("A's fenced save was loaded: next %d %q", l.Next, l.State)
+				}
+			}
+			mustSave(t, b, key, Snapshot{Next: 15, State: []byte("b15"), Epoch: eb, Seq: 1})
+			if l := mustLoad(t, a, key); l.Next != 15 || l.ID() != (ID{eb, 1}) || l.Previous == nil || l.Previous.Next != 10 {
+				t.Fatalf("after B's save: %+v", l)
+			}
+			ea2, err := a.Claim(ctx, key, 1)
+			if err != nil || ea2 <= eb {
+				t.Fatalf("A claims back: epoch %#x, %v; want above %#x", ea2, err, eb)
+			}
+			if err := b.Save(ctx, key, Snapshot{Next: 30, State: []byte("b30"), Epoch: eb, Seq: 2}); !errors.Is(err, ErrFenced) {
+				t.Fatalf("B saves after A claimed back: %v, want ErrFenced", err)
+			}
+			mustSave(t, a, key, Snapshot{Next: 40, State: []byte("a40"), Epoch: ea2, Seq: 1})
+			if l := mustLoad(t, b, key); l.Next != 40 || l.Previous == nil || l.Previous.Next != 15 {
+				t.Fatalf("after A's save: next %d prev %+v; want 40 then 15", l.Next, l.Previous)
+			}
+		})
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"syscall"
 	"time"
 )
 
@@ -23,8 +25,13 @@ import (
 // Two processes may Save the same partition at once: a zombie that has not yet
 // seen its partition revoked and the new owner, sharing one volume. Each Save
 // writes its own uniquely named temporary file, so neither can truncate or
-// rename away the other's; the last rename wins, and Load's offset checks in
-// pkg/service decide whether that snapshot can be used.
+// rename away the other's. Fencing: <partition>.owner holds the highest owner
+// epoch claimed, and Claim and Save hold an exclusive lock on
+// <partition>.lock (flock) while they read it and write, so a Save with a
+// lower epoch than the claim is refused (ErrFenced), and one that passed the
+// check finishes before the claim can return. (flock serialises processes on
+// one machine; on a network file system that does not honour it, give each
+// instance its own directory, or use the kafka store.)
 type FileStore struct {
 	dir string
 }
@@ -46,11 +53,87 @@ func (s *FileStore) paths(key Key) (dir, cur, prev string) {
 	return dir, base + ".snap", base + ".prev"
 }
 
+// lock takes the partition's exclusive lock, creating its directory, and
+// returns the function that releases it.
+func (s *FileStore) lock(key Key) (unlock func(), err error) {
+	dir, cur, _ := s.paths(key)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(strings.TrimSuffix(cur, ".snap")+".lock", os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
+	}
+	return func() { f.Close() }, nil // closing the descriptor releases the lock
+}
+
+func (s *FileStore) ownerPath(key Key) string {
+	_, cur, _ := s.paths(key)
+	return strings.TrimSuffix(cur, ".snap") + ".owner"
+}
+
+// claimed reads the partition's claimed epoch (0: never claimed).
+func (s *FileStore) claimed(key Key) (uint64, error) {
+	b, err := os.ReadFile(s.ownerPath(key))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	e, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s: %v", ErrCorrupt, s.ownerPath(key), err)
+	}
+	return e, nil
+}
+
+// Claim implements Store.
+func (s *FileStore) Claim(_ context.Context, key Key, tiebreak uint32) (uint64, error) {
+	unlock, err := s.lock(key)
+	if err != nil {
+		return 0, fmt.Errorf("claim %s: %w", key, err)
+	}
+	defer unlock()
+	highest, err := s.claimed(key)
+	if err != nil {
+		return 0, fmt.Errorf("claim %s: %w", key, err)
+	}
+	e := NextEpoch(highest, tiebreak)
+	owner := s.ownerPath(key)
+	dir := filepath.Dir(owner)
+	tmp, err := writeTemp(dir, filepath.Base(owner)+".*"+tmpSuffix, []byte(strconv.FormatUint(e, 10)+"\n"))
+	if err != nil {
+		return 0, fmt.Errorf("claim %s: %w", key, err)
+	}
+	if err := os.Rename(tmp, owner); err != nil {
+		os.Remove(tmp)
+		return 0, fmt.Errorf("claim %s: %w", key, err)
+	}
+	if err := syncDir(dir); err != nil {
+		return 0, fmt.Errorf("claim %s: sync directory: %w", key, err)
+	}
+	return e, nil
+}
+
 // Save implements Store.
 func (s *FileStore) Save(_ context.Context, key Key, snap Snapshot) error {
 	dir, cur, prev := s.paths(key)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	unlock, err := s.lock(key)
+	if err != nil {
 		return fmt.Errorf("save snapshot %s: %w", key, err)
+	}
+	defer unlock()
+	c, err := s.claimed(key)
+	if err != nil {
+		return fmt.Errorf("save snapshot %s: %w", key, err)
+	}
+	if snap.writer() < c {
+		return fmt.Errorf("save snapshot %s with epoch %d, claimed %d: %w", key, snap.writer(), c, ErrFenced)
 	}
 	h, st, tr := frameParts(snap)
 	tmp, err := writeTemp(dir, filepath.Base(cur)+".*"+tmpSuffix, h, st, tr)

@@ -51,7 +51,7 @@ type KafkaStore struct {
 	chunkSize  int
 
 	mu        sync.Mutex
-	manifests map[Key]manifest // last manifest written or read per key
+	manifests map[Key]manifestState // what this store last read of each key's manifests
 }
 
 // KafkaConfig configures NewKafkaStore.
@@ -132,7 +132,7 @@ func NewKafkaStore(ctx context.Context, cfg KafkaConfig) (*KafkaStore, error) {
 		return nil, fmt.Errorf("checkpoint: kafka store client: %w", err)
 	}
 	s := &KafkaStore{
-		cl: cl, adm: kadm.NewClient(cl), topic: cfg.Topic, chunkSize: chunk, manifests: make(map[Key]manifest),
+		cl: cl, adm: kadm.NewClient(cl), topic: cfg.Topic, chunkSize: chunk, manifests: make(map[Key]manifestState),
 		readOpts: append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}, cfg.ClientOpts...),
 	}
 	if err := s.ensureTopic(ctx, cfg.Partitions); err != nil {
@@ -220,8 +220,13 @@ type entry struct {
 }
 
 // manifest is the value of a manifest record: the newest generation and, when
-// there is one, the generation before it.
+// there is one, the generation before it, and the owner epoch of the instance
+// that wrote it. A claim (Claim) is a manifest that repeats the entries of the
+// one it follows under a new epoch; a claim before any snapshot has none
+// (HasCur false).
 type manifest struct {
+	Epoch   uint64
+	HasCur  bool
 	Cur     entry
 	HasPrev bool
 	Prev    entry
@@ -229,12 +234,16 @@ type manifest struct {
 
 // Manifest value layout, big-endian:
 //
-//	magic "VMAN" | version u16 | entry | hasPrev u8 | entry | crc32c u32
+//	magic "VMAN" | version u16 | epoch u64 | hasCur u8 | entry | hasPrev u8 | entry | crc32c u32
 //	entry = gen u64 | nonce u64 | next i64 | chunks u32 | length u64 | crc u32 | partition i32 | first i64
+//
+// Version 1 had neither epoch nor hasCur; it is read as epoch 0 with an entry.
 const (
-	manifestVersion = 1
-	entryLen        = 8 + 8 + 8 + 4 + 8 + 4 + 4 + 8
-	manifestLen     = 4 + 2 + entryLen + 1 + entryLen + 4
+	manifestVersion   = 2
+	manifestVersionV1 = 1
+	entryLen          = 8 + 8 + 8 + 4 + 8 + 4 + 4 + 8
+	manifestLenV1     = 4 + 2 + entryLen + 1 + entryLen + 4
+	manifestLen       = 4 + 2 + 8 + 1 + entryLen + 1 + entryLen + 4
 )
 
 var manifestMagic = [4]byte{'V', 'M', 'A', 'N'}
@@ -263,35 +272,57 @@ func readEntry(b []byte) entry {
 	}
 }
 
+func appendBool(b []byte, v bool) []byte {
+	if v {
+		return append(b, 1)
+	}
+	return append(b, 0)
+}
+
 func (m manifest) encode() []byte {
 	b := make([]byte, 0, manifestLen)
 	b = append(b, manifestMagic[:]...)
 	b = binary.BigEndian.AppendUint16(b, manifestVersion)
+	b = binary.BigEndian.AppendUint64(b, m.Epoch)
+	b = appendBool(b, m.HasCur)
 	b = appendEntry(b, m.Cur)
-	if m.HasPrev {
-		b = append(b, 1)
-	} else {
-		b = append(b, 0)
-	}
+	b = appendBool(b, m.HasPrev)
 	b = appendEntry(b, m.Prev)
 	return binary.BigEndian.AppendUint32(b, crcOf(b))
 }
 
 func decodeManifest(b []byte) (manifest, error) {
-	if len(b) != manifestLen || [4]byte(b[:4]) != manifestMagic {
+	if len(b) < 6 || [4]byte(b[:4]) != manifestMagic {
+		return manifest{}, fmt.Errorf("%w: manifest framing", ErrCorrupt)
+	}
+	var m manifest
+	switch v := binary.BigEndian.Uint16(b[4:]); {
+	case v == manifestVersion && len(b) == manifestLen:
+		m.Epoch = binary.BigEndian.Uint64(b[6:])
+		m.HasCur = b[14] == 1
+		m.Cur = readEntry(b[15:])
+		m.HasPrev = b[15+entryLen] == 1
+		m.Prev = readEntry(b[16+entryLen:])
+	case v == manifestVersionV1 && len(b) == manifestLenV1:
+		m.HasCur = true
+		m.Cur = readEntry(b[6:])
+		m.HasPrev = b[6+entryLen] == 1
+		m.Prev = readEntry(b[7+entryLen:])
+	case v != manifestVersion && v != manifestVersionV1:
+		return manifest{}, fmt.Errorf("%w: unknown manifest version %d (this build reads %d and %d)", ErrCorrupt, v, manifestVersionV1, manifestVersion)
+	default:
 		return manifest{}, fmt.Errorf("%w: manifest framing", ErrCorrupt)
 	}
 	if crcOf(b[:len(b)-4]) != binary.BigEndian.Uint32(b[len(b)-4:]) {
 		return manifest{}, fmt.Errorf("%w: manifest checksum mismatch", ErrCorrupt)
 	}
-	if v := binary.BigEndian.Uint16(b[4:]); v != manifestVersion {
-		return manifest{}, fmt.Errorf("%w: unknown manifest version %d (this build reads %d)", ErrCorrupt, v, manifestVersion)
-	}
-	m := manifest{Cur: readEntry(b[6:]), HasPrev: b[6+entryLen] == 1, Prev: readEntry(b[7+entryLen:])}
 	for _, e := range []entry{m.Cur, m.Prev} {
 		if e.Chunks == 0 && e.Gen != 0 || e.First < 0 || e.Next < 0 {
 			return manifest{}, fmt.Errorf("%w: manifest entry out of range", ErrCorrupt)
 		}
+	}
+	if m.HasPrev && !m.HasCur {
+		return manifest{}, fmt.Errorf("%w: manifest has a previous entry and no current one", ErrCorrupt)
 	}
 	return m, nil
 }
@@ -315,15 +346,50 @@ func (s *KafkaStore) chunkPartition(k Key) int32 {
 	return 1 + p
 }
 
+// Claim implements Store: it reads the partition's manifests to the end,
+// takes an epoch above the highest, and produces a claim: a manifest that
+// repeats the effective one's entries under the new epoch. Readers take the
+// manifest of the highest epoch (the last of them in the log), so from the
+// claim on nothing an older owner writes is read.
+func (s *KafkaStore) Claim(ctx context.Context, key Key, tiebreak uint32) (uint64, error) {
+	st, err := s.refresh(ctx, key, true)
+	if err != nil {
+		return 0, fmt.Errorf("claim %s: %w", key, err)
+	}
+	claim := st.eff
+	claim.Epoch = NextEpoch(st.eff.Epoch, tiebreak)
+	if !st.found {
+		claim = manifest{Epoch: claim.Epoch}
+	}
+	if err := s.cl.ProduceSync(ctx, &kgo.Record{Topic: s.topic, Partition: manifestPartition, Key: manifestKey(key), Value: claim.encode()}).FirstErr(); err != nil {
+		return 0, fmt.Errorf("claim %s: produce to %s: %w", key, s.topic, err)
+	}
+	s.mu.Lock()
+	s.manifests[key] = manifestState{eff: claim, found: true, seen: st.seen}
+	s.mu.Unlock()
+	return claim.Epoch, nil
+}
+
 // Save implements Store: chunks first, then the manifest that makes them
 // visible, then tombstones for the generation that is no longer referenced.
+//
+// Fencing: a Save whose epoch is below the claim this store last saw fails at
+// once. After producing the manifest, Save reads the manifest partition from
+// where it last read: if a higher claim is there, the manifest it just wrote
+// is (or will be) ignored by every reader, and it returns ErrFenced without
+// tombstoning anything, since the new owner's manifests may refer to the
+// generation it would have deleted.
 func (s *KafkaStore) Save(ctx context.Context, key Key, snap Snapshot) error {
-	prev, hasPrev, err := s.lastManifest(ctx, key)
+	st, err := s.refresh(ctx, key, false)
 	if err != nil {
 		return fmt.Errorf("save snapshot %s: %w", key, err)
 	}
+	prev := st.eff
+	if st.found && prev.Epoch > snap.writer() {
+		return fmt.Errorf("save snapshot %s with epoch %d, claimed %d: %w", key, snap.writer(), prev.Epoch, ErrFenced)
+	}
 	gen := uint64(1)
-	if hasPrev {
+	if st.found && prev.HasCur {
 		gen = prev.Cur.Gen + 1
 	}
 	e, err := s.produceChunks(ctx, key, snap, gen)
@@ -331,8 +397,8 @@ func (s *KafkaStore) Save(ctx context.Context, key Key, snap Snapshot) error {
 		return fmt.Errorf("save snapshot %s: %w", key, err)
 	}
 
-	m := manifest{Cur: e}
-	if hasPrev {
+	m := manifest{Epoch: snap.writer(), HasCur: true, Cur: e}
+	if st.found && prev.HasCur {
 		m.HasPrev, m.Prev = true, prev.Cur
 	}
 	// The invariant above: every chunk is acknowledged before this manifest
@@ -340,14 +406,20 @@ func (s *KafkaStore) Save(ctx context.Context, key Key, snap Snapshot) error {
 	if err := s.cl.ProduceSync(ctx, &kgo.Record{Topic: s.topic, Partition: manifestPartition, Key: manifestKey(key), Value: m.encode()}).FirstErr(); err != nil {
 		return fmt.Errorf("save snapshot %s: produce manifest to %s: %w", key, s.topic, err)
 	}
-	s.mu.Lock()
-	s.manifests[key] = m
-	s.mu.Unlock()
+	after, err := s.refresh(ctx, key, false)
+	if err != nil {
+		// The manifest is durable; whether a newer owner claimed the
+		// partition meanwhile is unknown, so nothing is tombstoned.
+		return nil
+	}
+	if after.eff.Epoch > snap.writer() {
+		return fmt.Errorf("save snapshot %s with epoch %d: the partition was claimed with epoch %d meanwhile: %w", key, snap.writer(), after.eff.Epoch, ErrFenced)
+	}
 
 	// The generation the old manifest kept as its fallback is now referenced
 	// by no manifest: tombstone its chunks so compaction reclaims them. A
 	// failure here only leaves garbage behind, so it is not an error.
-	if hasPrev && prev.HasPrev {
+	if st.found && prev.HasPrev {
 		_ = s.tombstone(ctx, key, prev.Prev)
 	}
 	return nil
@@ -401,45 +473,67 @@ func randomNonce() uint64 {
 	return binary.BigEndian.Uint64(b[:])
 }
 
-// lastManifest returns the newest manifest for key, from memory when this
-// store wrote or read it last, else from the topic.
-func (s *KafkaStore) lastManifest(ctx context.Context, key Key) (manifest, bool, error) {
-	s.mu.Lock()
-	m, ok := s.manifests[key]
-	s.mu.Unlock()
-	if ok {
-		return m, true, nil
-	}
-	ms, err := s.readManifests(ctx, key)
-	if err != nil {
-		return manifest{}, false, err
-	}
-	if len(ms) == 0 {
-		return manifest{}, false, nil
-	}
-	return ms[len(ms)-1], true, nil
+// manifestState is what a reader of the manifest partition knows of one key:
+// the effective manifest (the last one of the highest epoch; found is false
+// before any) and the offset of the last record of the partition it examined.
+type manifestState struct {
+	eff   manifest
+	found bool
+	seen  int64
 }
 
-// readManifests reads the manifest partition up to its current end and
-// returns the valid manifests for key, oldest first, starting after the last
-// tombstone. Corrupt manifest records are skipped: the one before stands.
-func (s *KafkaStore) readManifests(ctx context.Context, key Key) ([]manifest, error) {
+// apply updates st with one record of the manifest partition. Invariant: eff
+// is the last manifest of the highest epoch seen for the key, so a manifest an
+// older owner writes after a newer owner's claim never becomes effective.
+func (st *manifestState) apply(want string, r *kgo.Record) {
+	st.seen = max(st.seen, r.Offset)
+	if string(r.Key) != want {
+		return
+	}
+	if r.Value == nil {
+		// Deleted: what follows starts afresh, but never below an epoch
+		// already claimed.
+		st.eff, st.found = manifest{Epoch: st.eff.Epoch}, false
+		return
+	}
+	m, err := decodeManifest(r.Value)
+	if err != nil {
+		return // a corrupt manifest record: the one before stands
+	}
+	if !st.found || m.Epoch >= st.eff.Epoch {
+		st.eff, st.found = m, true
+	}
+}
+
+// refresh brings key's manifest state up to the partition's current end:
+// from where this store last read when it has, else (or with full) from the
+// start. Reading on from the last position is equivalent to a full read,
+// because apply only ever looks at records in log order.
+func (s *KafkaStore) refresh(ctx context.Context, key Key, full bool) (manifestState, error) {
+	s.mu.Lock()
+	st, ok := s.manifests[key]
+	s.mu.Unlock()
+	if !ok || full {
+		st = manifestState{seen: -1}
+	}
+	from := st.seen + 1
+	if st.seen < 0 {
+		from = -1
+	}
 	want := string(manifestKey(key))
-	var out []manifest
-	err := s.scan(ctx, manifestPartition, -1, func(r *kgo.Record) bool {
-		if string(r.Key) != want {
-			return true
-		}
-		if r.Value == nil {
-			out = out[:0]
-			return true
-		}
-		if m, err := decodeManifest(r.Value); err == nil {
-			out = append(out, m)
-		}
+	err := s.scan(ctx, manifestPartition, from, func(r *kgo.Record) bool {
+		st.apply(want, r)
 		return true
 	})
-	return out, err
+	if err != nil {
+		return manifestState{}, err
+	}
+	s.mu.Lock()
+	if cur, ok := s.manifests[key]; !ok || cur.seen <= st.seen {
+		s.manifests[key] = st
+	}
+	s.mu.Unlock()
+	return st, nil
 }
 
 // scan reads partition p of the topic from offset from (-1: the start) up to
@@ -543,19 +637,16 @@ func (s *KafkaStore) scan(ctx context.Context, p int32, from int64, fn func(*kgo
 	}
 }
 
-// Load implements Store.
+// Load implements Store: the effective manifest's snapshots (see apply).
 func (s *KafkaStore) Load(ctx context.Context, key Key) (Loaded, error) {
-	ms, err := s.readManifests(ctx, key)
+	st, err := s.refresh(ctx, key, true)
 	if err != nil {
 		return Loaded{}, fmt.Errorf("load snapshot %s: %w", key, err)
 	}
-	if len(ms) == 0 {
+	if !st.found || !st.eff.HasCur {
 		return Loaded{}, ErrNotFound
 	}
-	m := ms[len(ms)-1]
-	s.mu.Lock()
-	s.manifests[key] = m
-	s.mu.Unlock()
+	m := st.eff
 
 	es := []entry{m.Cur}
 	if m.HasPrev {

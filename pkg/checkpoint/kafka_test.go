@@ -52,7 +52,7 @@ func TestDefaultKafkaTopic(t *testing.T) {
 }
 
 func TestManifestRoundTripAndDamage(t *testing.T) {
-	m := manifest{Cur: entry{Gen: 7, Nonce: 99, Next: 1234, Chunks: 3, Length: 2500, CRC: 0xdeadbeef, Partition: 2, First: 40}, HasPrev: true,
+	m := manifest{Epoch: 5<<32 | 3, HasCur: true, Cur: entry{Gen: 7, Nonce: 99, Next: 1234, Chunks: 3, Length: 2500, CRC: 0xdeadbeef, Partition: 2, First: 40}, HasPrev: true,
 		Prev: entry{Gen: 6, Nonce: 1, Next: 1000, Chunks: 1, Length: 10, CRC: 5, Partition: 2, First: 30}}
 	b := m.encode()
 	got, err := decodeManifest(b)
@@ -116,11 +116,12 @@ func TestKafkaStore(t *testing.T) {
 	}
 
 	// A manifest whose newest generation lost a chunk: fall back to the previous.
-	m, _, err := s.lastManifest(ctx, key)
+	ms, err := s.refresh(ctx, key, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	broken := manifest{Cur: m.Cur, HasPrev: true, Prev: m.Prev}
+	m := ms.eff
+	broken := manifest{HasCur: true, Cur: m.Cur, HasPrev: true, Prev: m.Prev}
 	broken.Cur.Chunks++ // names a chunk that does not exist
 	broken.Cur.Length += 64
 	produceManifest(t, cl, s, key, broken.encode())
@@ -206,7 +207,7 @@ func kadmClient(cl *kgo.Client) *kadm.Client { return kadm.NewClient(cl) }
 // ErrCorrupt, and what it accepts re-encodes to the same bytes.
 func FuzzDecodeManifest(f *testing.F) {
 	f.Add(manifest{Cur: entry{Gen: 1, Chunks: 1, Length: 30}}.encode())
-	f.Add(manifest{Cur: entry{Gen: 3, Nonce: 9, Next: 7, Chunks: 2, Length: 900, Partition: 1, First: 12}, HasPrev: true, Prev: entry{Gen: 2, Chunks: 1}}.encode())
+	f.Add(manifest{HasCur: true, Cur: entry{Gen: 3, Nonce: 9, Next: 7, Chunks: 2, Length: 900, Partition: 1, First: 12}, HasPrev: true, Prev: entry{Gen: 2, Chunks: 1}}.encode())
 	f.Add([]byte("VMAN"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decodeManifest(b)

@@ -52,6 +52,24 @@ type Metrics struct {
 	PausedPartitions     prometheus.Gauge
 	ConsumerLag          *prometheus.GaugeVec
 	AssignedPartition    prometheus.Gauge
+	// SnapshotsStale counts restores whose snapshot was behind the group's
+	// committed offset (written by this instance before another owner moved
+	// the partition on): not resumed, the partition was rebuilt from the
+	// committed offset.
+	SnapshotsStale prometheus.Counter
+	// OffsetsSkipped counts input offsets that retention deleted before this
+	// service processed them: the state never saw them.
+	OffsetsSkipped *prometheus.CounterVec
+	// ProgressAge is, per partition, the seconds since its goroutine last
+	// finished a step (a batch, a tick, a checkpoint): /healthz fails when it
+	// grows past the bound a step may take.
+	ProgressAge *prometheus.GaugeVec
+	// CheckpointAge is, per partition, the seconds since its last durable
+	// checkpoint (snapshot saved and offset committed).
+	CheckpointAge *prometheus.GaugeVec
+	// PartitionsRestoring is how many partitions are being taken over right
+	// now (fencing, restore, warm-up): /readyz is false meanwhile.
+	PartitionsRestoring prometheus.Gauge
 }
 
 // New creates the collectors and registers them (plus the Go and process
@@ -135,12 +153,28 @@ func New(reg prometheus.Registerer) *Metrics {
 		AssignedPartition: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "velocity_assigned_partitions", Help: "Input partitions currently assigned to this instance.",
 		}),
+		SnapshotsStale: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "velocity_snapshots_stale_total", Help: "Restores whose snapshot was behind the group's committed offset (another owner moved the partition on since it was saved): not resumed; the partition was rebuilt from the committed offset.",
+		}),
+		OffsetsSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "velocity_input_offsets_skipped_total", Help: "Input offsets deleted by retention before they were processed, by partition: the features never counted them.",
+		}, []string{"partition"}),
+		ProgressAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "velocity_partition_progress_age_seconds", Help: "Seconds since the partition's goroutine last finished a step (batch, tick or checkpoint), by partition.",
+		}, []string{"partition"}),
+		CheckpointAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "velocity_checkpoint_age_seconds", Help: "Seconds since the partition's last durable checkpoint (snapshot saved, offset committed), by partition.",
+		}, []string{"partition"}),
+		PartitionsRestoring: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "velocity_partitions_restoring", Help: "Partitions being taken over right now (fencing, restore, warm-up).",
+		}),
 	}
 	reg.MustRegister(
 		m.RecordsIn, m.Features, m.DeadLetters, m.LateApplied, m.KeyMismatch, m.ReorderBuffer, m.WatermarkLag,
 		m.Latency, m.Entities, m.EntitiesEvicted, m.CheckpointSeconds, m.CheckpointPause, m.CheckpointBytes, m.CheckpointWritten,
 		m.CheckpointErrors, m.SnapshotFallbacks, m.SnapshotStepBacks, m.TxnPartitionsLost, m.TakeoversInterrupted, m.CommitErrors, m.ProduceErrors,
 		m.PausedPartitions, m.ConsumerLag, m.AssignedPartition,
+		m.SnapshotsStale, m.OffsetsSkipped, m.ProgressAge, m.CheckpointAge, m.PartitionsRestoring,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -159,4 +193,6 @@ func (m *Metrics) ForgetPartition(p int32) {
 	m.Entities.Delete(l)
 	m.CheckpointBytes.Delete(l)
 	m.ConsumerLag.Delete(l)
+	m.ProgressAge.Delete(l)
+	m.CheckpointAge.Delete(l)
 }

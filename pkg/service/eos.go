@@ -26,17 +26,23 @@ package service
 // fencing comes from the transactional id, so a rebalance racing a checkpoint
 // does not fail the commit of a partition that is still ours.
 //
-// Per checkpoint interval, on the worker goroutine:
+// Per checkpoint interval, on the worker goroutine, whenever the partition's
+// state changed (records processed, or events released by the idle timeout
+// after the input went quiet: the offset need not have moved):
 //
 //	flush (all outputs of offsets < next are in the open transaction)
-//	→ save the snapshot {Next: next} durably
-//	→ AddOffsetsToTxn + TxnOffsetCommit(next)
+//	→ save the snapshot {Next: next, ID: (epoch, seq)} durably
+//	→ AddOffsetsToTxn + TxnOffsetCommit(next, metadata: the ID)
 //	→ EndTransaction(commit) → BeginTransaction
 //
 // The snapshot is saved before the commit, so after a crash in between the
 // newest snapshot is ahead of the committed transaction; recovery then steps
 // back to the previous snapshot, whose Next is the committed offset (see
-// checkpoint.ForCommitted and Service.restoreExactlyOnce).
+// checkpoint.ForCommitted and Service.restore). Which of the two it is, is
+// named by the snapshot ID the commit carries in its metadata
+// ("velocity-snapshot:<epoch>.<seq>"): a checkpoint after an idle release
+// publishes outputs without moving the offset, so two snapshots can share a
+// Next, and only the ID tells the committed one from the aborted one.
 
 import (
 	"context"
@@ -50,6 +56,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
 	"github.com/velocity-consumer/velocity-consumer/pkg/sink"
 )
 
@@ -84,22 +91,22 @@ func (s *Service) newTxnProducer(ctx context.Context, p int32) (*kgo.Client, err
 	return cl, nil
 }
 
-// committedOffset reads the group's committed offset for p (-1: none). In
-// exactly-once mode it is called after newTxnProducer fenced the previous
-// owner, so no transaction holding an offset for p is still pending.
-func (s *Service) committedOffset(ctx context.Context, p int32) (int64, error) {
+// committedOffset reads the group's committed offset for p (-1: none) and its
+// metadata. In exactly-once mode it is called after newTxnProducer fenced the
+// previous owner, so no transaction holding an offset for p is still pending.
+func (s *Service) committedOffset(ctx context.Context, p int32) (int64, string, error) {
 	resp, err := s.adm.FetchOffsetsForTopics(ctx, s.cfg.Group, s.cfg.InputTopic)
 	if err != nil {
-		return 0, fmt.Errorf("partition %d: fetch committed offset: %w", p, err)
+		return 0, "", fmt.Errorf("partition %d: fetch committed offset: %w", p, err)
 	}
 	r, ok := resp.Lookup(s.cfg.InputTopic, p)
 	if !ok || r.At < 0 {
-		return -1, nil
+		return -1, "", nil
 	}
 	if r.Err != nil {
-		return 0, fmt.Errorf("partition %d: fetch committed offset: %w", p, r.Err)
+		return 0, "", fmt.Errorf("partition %d: fetch committed offset: %w", p, r.Err)
 	}
-	return r.At, nil
+	return r.At, r.Metadata, nil
 }
 
 // refreshInputTopicID records the input topic's id for commitTxn. Brokers
@@ -154,11 +161,11 @@ func retryTxnRequest(ctx context.Context, do func() error) error {
 // itself, a refused dial, which franz-go deliberately leaves to its callers,
 // and a connection closed on its first read, which franz-go takes for missing
 // SASL (a broker restarting does that too; a real SASL mistake fails the
-// client long before a checkpoint).
+// client long before a checkpoint); and a warm-up read that stalled.
 func mayPass(err error) bool {
 	var op *net.OpError
 	return kgo.IsRetryableBrokerErr(err) || kerr.IsRetriable(err) || errors.As(err, &op) && op.Op == "dial" ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, errWarmUpStalled)
 }
 
 // commitTxn adds the offset commit to the open transaction, commits it and
@@ -166,7 +173,7 @@ func mayPass(err error) bool {
 // broker's timeout or the next owner's fencing): the caller must not go on
 // with this producer (it stops, or drops the partition when the transaction
 // was lost: worker.txnLost).
-func (w *worker) commitTxn(ctx context.Context, next int64) error {
+func (w *worker) commitTxn(ctx context.Context, next int64, snap checkpoint.ID) error {
 	cl := w.txn
 	id, epoch, err := cl.ProducerID(ctx)
 	if err != nil {
@@ -193,7 +200,10 @@ func (w *worker) commitTxn(ctx context.Context, next int64) error {
 	rt.TopicID = w.s.inputTopicID
 	w.s.mu.Unlock()
 	rp := kmsg.NewTxnOffsetCommitRequestTopicPartition()
-	rp.Partition, rp.Offset, rp.LeaderEpoch = w.part, next, -1
+	// The metadata names the snapshot this transaction commits, so that
+	// recovery resumes from exactly that one (checkpoint.ForCommitted).
+	meta := checkpoint.CommitMetadata(snap)
+	rp.Partition, rp.Offset, rp.LeaderEpoch, rp.Metadata = w.part, next, -1, &meta
 	rt.Partitions = append(rt.Partitions, rp)
 	req.Topics = append(req.Topics, rt)
 	err = retryTxnRequest(ctx, func() error {

@@ -208,10 +208,12 @@ type Service struct {
 	// (under mu; refreshInputTopicID).
 	inputTopicID [16]byte
 
-	ready  atomic.Bool
-	failMu sync.Mutex
-	failed error
-	cancel context.CancelFunc
+	ready atomic.Bool
+	// restoring counts takeovers in progress (assigned, reacquireLost).
+	restoring atomic.Int32
+	failMu    sync.Mutex
+	failed    error
+	cancel    context.CancelFunc
 }
 
 // New validates cfg. Clients are created by Run.
@@ -230,15 +232,64 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Service, error) {
 		setUp: make(chan struct{}), roundWait: defaultRoundWait}, nil
 }
 
-// Ready reports whether the service reached the cluster and is consuming as a
-// group member (whether or not it currently owns partitions or has records).
-func (s *Service) Ready() bool { return s.ready.Load() }
+// Ready reports whether the service serves its partitions: it reached the
+// cluster, consumes as a group member, no takeover (fencing, restore, warm-up)
+// is in progress, and it is healthy. An instance that owns no partition, or
+// whose input is quiet, is ready. For an orchestrator: take an unready
+// instance out of rotation (the query API answers 503 while a partition is
+// restored); do not restart it for that.
+func (s *Service) Ready() bool {
+	return s.ready.Load() && s.restoring.Load() == 0 && s.Healthy() == nil
+}
 
-// Healthy reports nil unless the service has stopped on an error.
+// healthStallAfter is how long a partition's goroutine may go without
+// finishing a step before the service reads unhealthy: longer than the
+// longest step that can still succeed (a checkpoint's flush, save and commit
+// are bounded by 2 minutes; a held record's registry call by 10 s).
+const healthStallAfter = 150 * time.Second
+
+// Healthy reports nil unless the service has stopped on an error, or a
+// partition's goroutine has made no progress for healthStallAfter (stuck in a
+// flush, a checkpoint or a call that never returns). For an orchestrator: an
+// unhealthy instance is to be restarted; its partitions resume elsewhere from
+// their last checkpoint.
 func (s *Service) Healthy() error {
 	s.failMu.Lock()
-	defer s.failMu.Unlock()
-	return s.failed
+	err := s.failed
+	s.failMu.Unlock()
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for p, w := range s.workers {
+		if age := now.Sub(time.Unix(0, w.progress.Load())); age > healthStallAfter {
+			return fmt.Errorf("partition %d has made no progress for %s (stuck in a flush or a checkpoint?)", p, age.Round(time.Second))
+		}
+	}
+	return nil
+}
+
+// watchProgress exports each partition's progress age every second, from
+// outside the partition goroutines, so that a stuck one shows in the metric
+// (velocity_partition_progress_age_seconds) as it does in Healthy.
+func (s *Service) watchProgress(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		s.mu.Lock()
+		for _, w := range s.workers {
+			s.m.ProgressAge.WithLabelValues(w.label).Set(now.Sub(time.Unix(0, w.progress.Load())).Seconds())
+		}
+		s.mu.Unlock()
+	}
 }
 
 // fail records the first fatal error and stops the service.
@@ -334,6 +385,7 @@ func (s *Service) Run(ctx context.Context) error {
 	// Ready once the cluster answered and the group consumer is running: an
 	// input topic with nothing new to read is a healthy, ready service.
 	s.ready.Store(true)
+	go s.watchProgress(ctx)
 	s.pollLoop(ctx)
 
 	// Graceful shutdown: checkpoint every partition we own, then leave the group.
@@ -559,6 +611,11 @@ func (s *Service) assigned(ctx context.Context, offsets map[string]map[int32]kgo
 	}
 	parts := offsets[s.cfg.InputTopic]
 	var acquired []int32
+	s.restoring.Add(int32(len(parts)))
+	s.m.PartitionsRestoring.Set(float64(s.restoring.Load()))
+	defer func() {
+		s.m.PartitionsRestoring.Set(float64(s.restoring.Add(-int32(len(parts)))))
+	}()
 	for p, o := range parts {
 		next, err := s.acquireRetrying(ctx, p, o.EpochOffset().Offset)
 		if err != nil && ctx.Err() != nil {
@@ -619,18 +676,21 @@ func (s *Service) acquireRetrying(ctx context.Context, p int32, committed int64)
 }
 
 // acquire takes partition p over: in exactly-once mode it first fences the
-// previous owner and reads the final committed offset, then restores the
-// state and starts the worker. It returns the offset to fetch from, or -1 to
-// keep the group's committed (or reset) offset.
+// previous owner's transactions and reads the final committed offset; in both
+// modes it claims the partition in the snapshot store (which fences the
+// previous owner's snapshot writes), then restores the state and starts the
+// worker. It returns the offset to fetch from, or -1 to keep the group's
+// committed (or reset) offset.
 func (s *Service) acquire(ctx context.Context, p int32, committed int64) (int64, error) {
 	var txn *kgo.Client
+	meta := ""
 	if s.cfg.ExactlyOnce {
 		// Fence the previous owner first: only then is no transaction
 		// holding an offset for p pending, and the committed offset final
 		// (the one handed to us was read before the fence).
 		var err error
 		if txn, err = s.newTxnProducer(ctx, p); err == nil {
-			if committed, err = s.committedOffset(ctx, p); err == nil {
+			if committed, meta, err = s.committedOffset(ctx, p); err == nil {
 				err = s.refreshInputTopicID(ctx)
 			}
 			if err != nil {
@@ -640,22 +700,66 @@ func (s *Service) acquire(ctx context.Context, p int32, committed int64) (int64,
 		if err != nil {
 			return 0, err
 		}
+	} else if committed < 0 {
+		// Reacquired after a fence: franz-go handed us no offset.
+		var err error
+		if committed, _, err = s.committedOffset(ctx, p); err != nil {
+			return 0, err
+		}
 	}
-	proc, next, err := s.restore(ctx, p, committed)
-	if err != nil {
-		// Without a trustworthy state we must not consume this partition:
-		// stop loudly so an operator can look, rather than double count.
+	closeTxn := func() {
 		if txn != nil {
 			txn.Close()
 		}
+	}
+	// The group generation breaks a tie between two claims made from the
+	// same stored epoch (a claimant frozen between its read and its write).
+	_, gen := s.cons.GroupMetadata()
+	epoch, err := s.cfg.Store.Claim(ctx, s.key(p), uint32(max(gen, 0)))
+	if err != nil {
+		closeTxn()
+		return 0, fmt.Errorf("partition %d: claim it in the snapshot store: %w", p, err)
+	}
+	proc, next, err := s.restore(ctx, p, committed, meta, epoch)
+	if err != nil {
+		// Without a trustworthy state we must not consume this partition:
+		// stop loudly so an operator can look, rather than double count.
+		closeTxn()
+		return 0, err
+	}
+	if err := s.checkRetention(ctx, p, proc.Next()); err != nil {
+		closeTxn()
 		return 0, err
 	}
 	s.mu.Lock()
 	delete(s.txnLost, p)
 	s.mu.Unlock()
-	w := s.startWorker(p, proc, txn)
+	w := s.startWorker(p, proc, txn, epoch, committed)
 	s.log.Info("partition assigned", zap.Int32("partition", p), zap.Int64("committed", committed), zap.Int64("resume_at", w.proc.Next()))
 	return next, nil
+}
+
+// checkRetention makes an offset reset that skips records loud. When the
+// offset the partition resumes at has been deleted by retention, franz-go
+// resets fetching to the log start: the records in between were never seen by
+// the state, and the features undercount. That is not a failure we can undo,
+// but it must not be silent: an error line names the range and a counter
+// counts the offsets.
+func (s *Service) checkRetention(ctx context.Context, p int32, resume int64) error {
+	if resume <= 0 {
+		return nil
+	}
+	start, err := s.startOffset(ctx, p)
+	if err != nil {
+		return fmt.Errorf("partition %d: read the log start offset: %w", p, err)
+	}
+	if start > resume {
+		s.m.OffsetsSkipped.WithLabelValues(metrics.Partition(p)).Add(float64(start - resume))
+		s.log.Error("input records were deleted by retention before they were processed: the features never count them",
+			zap.Int32("partition", p), zap.Int64("first_skipped", resume), zap.Int64("last_skipped", start-1),
+			zap.Int64("skipped", start-resume), zap.Int64("log_start", start))
+	}
+	return nil
 }
 
 // txnLostGrace is how long an exactly-once partition whose transaction was
@@ -699,7 +803,9 @@ func (s *Service) reacquireLost(ctx context.Context) {
 		}
 		s.log.Warn("exactly-once: the group still assigns us a partition whose transaction was lost; restoring it from its last commit",
 			zap.Int32("partition", p))
+		s.restoring.Add(1)
 		next, err := s.acquire(ctx, p, -1)
+		s.restoring.Add(-1)
 		if err == nil && next < 0 {
 			next, err = s.startOffset(ctx, p)
 		}
@@ -771,8 +877,16 @@ func (s *Service) startOffset(ctx context.Context, p int32) (int64, error) {
 }
 
 // restore loads the partition's snapshot. next is the offset to fetch from, or
-// -1 to keep the group's committed (or reset) offset.
-func (s *Service) restore(ctx context.Context, p int32, committed int64) (*pipeline.Processor, int64, error) {
+// -1 to keep the group's committed (or reset) offset. committed and meta are
+// the group's committed offset and its metadata; epoch is this owner's claim.
+//
+// A snapshot is never resumed silently when it is behind what the group has
+// committed: another owner moved the partition on after it was saved (a
+// partition that went A → B → A with per-instance file stores), and resuming
+// would re-emit everything since, or, where retention deleted those records,
+// count none of them. Such a snapshot is dropped for a rebuild from the
+// committed offset, with a warning and velocity_snapshots_stale_total.
+func (s *Service) restore(ctx context.Context, p int32, committed int64, meta string, epoch uint64) (*pipeline.Processor, int64, error) {
 	cfg := s.processorConfig(p)
 	loaded, err := s.cfg.Store.Load(ctx, s.key(p))
 	switch {
@@ -787,41 +901,58 @@ func (s *Service) restore(ctx context.Context, p int32, committed int64) (*pipel
 	}
 	snap := loaded.Snapshot
 	if s.cfg.ExactlyOnce {
+		id, hasID, err := checkpoint.ParseCommitMetadata(meta)
+		if err != nil {
+			s.log.Warn("exactly-once: the committed offset's metadata is not ours; matching the snapshot by offset alone",
+				zap.Int32("partition", p), zap.Error(err))
+		}
 		var stepBack, ok bool
-		snap, stepBack, ok = checkpoint.ForCommitted(loaded, committed)
+		snap, stepBack, ok = checkpoint.ForCommitted(loaded, committed, id, hasID)
 		if !ok {
+			if loaded.Next < committed {
+				s.m.SnapshotsStale.Inc()
+			}
 			s.log.Warn("exactly-once: no snapshot matches the committed offset; rebuilding from the committed offset",
-				zap.Int32("partition", p), zap.Int64("committed", committed), zap.Int64("snapshot_next", loaded.Next))
+				zap.Int32("partition", p), zap.Int64("committed", committed), zap.String("committed_snapshot", meta),
+				zap.Int64("snapshot_next", loaded.Next), zap.Uint64("snapshot_seq", loaded.Seq))
 			return s.rebuild(ctx, p, committed)
 		}
 		if stepBack {
 			s.m.SnapshotStepBacks.Inc()
-			s.log.Warn("exactly-once: newest snapshot is ahead of the committed transaction (crash between save and commit); resuming from the previous one",
+			s.log.Warn("exactly-once: newest snapshot is not the committed transaction's (a crash between save and commit); resuming from the previous one",
 				zap.Int32("partition", p), zap.Int64("committed", committed), zap.Int64("discarded_next", loaded.Next))
 			// Invariant: the store's previous snapshot always matches a
-			// committed transaction. Save the one we resume from again, so
-			// the discarded (uncommitted) snapshot drops out of the store's
-			// two slots before our next checkpoint could make it "previous".
+			// committed transaction. Save the one we resume from again, with
+			// its ID (the one the commit names) under our epoch, so the
+			// discarded (uncommitted) snapshot drops out of the store's two
+			// slots before our next checkpoint could make it "previous".
+			snap.Writer = epoch
 			if err := s.cfg.Store.Save(ctx, s.key(p), snap); err != nil {
 				return nil, 0, fmt.Errorf("partition %d: re-save the committed snapshot: %w", p, err)
 			}
 		}
+	} else if committed >= 0 && snap.Next < committed {
+		s.m.SnapshotsStale.Inc()
+		s.log.Warn("the snapshot is behind the group's committed offset (another owner moved the partition on since it was saved): not resuming from it; rebuilding from the committed offset",
+			zap.Int32("partition", p), zap.Int64("snapshot_next", snap.Next), zap.Int64("committed", committed))
+		return s.rebuild(ctx, p, committed)
 	}
 	proc, err := pipeline.Restore(cfg, snap.State)
 	if errors.Is(err, watermark.ErrSegment) {
 		// The snapshot is sound but a dedupe segment it lists is missing or
 		// damaged. The default mode falls back to the previous snapshot, as
-		// after a corrupt newest frame (the records since are read again).
-		// Exactly-once has only the snapshot of the committed transaction;
-		// it, and the default mode without a usable previous one, rebuild
-		// from the committed offset, as when there is no snapshot.
+		// after a corrupt newest frame (the records since are read again),
+		// unless that one is behind the committed offset. Exactly-once has
+		// only the snapshot of the committed transaction; it, and the default
+		// mode without a usable previous one, rebuild from the committed
+		// offset, as when there is no snapshot.
 		s.m.SnapshotFallbacks.Inc()
-		if !s.cfg.ExactlyOnce && loaded.Previous != nil && !loaded.FellBack {
-			prevProc, prevErr := pipeline.Restore(cfg, loaded.Previous.State)
+		if prev := loaded.Previous; !s.cfg.ExactlyOnce && prev != nil && !loaded.FellBack && prev.Next >= committed {
+			prevProc, prevErr := pipeline.Restore(cfg, prev.State)
 			if prevErr == nil {
 				s.log.Warn("a dedupe segment of the newest snapshot is unusable; restored the previous snapshot",
 					zap.Int32("partition", p), zap.Int64("discarded_next", snap.Next), zap.Error(err))
-				return prevProc, loaded.Previous.Next, nil
+				return prevProc, prev.Next, nil
 			}
 			err = fmt.Errorf("%w; previous snapshot: %v", err, prevErr)
 		}

@@ -16,11 +16,11 @@ import (
 	"github.com/velocity-consumer/velocity-consumer/pkg/sink"
 )
 
-// TestTxnLost pins down which errors drop an exactly-once partition for a
-// restart from its last commit instead of stopping the service: only those
-// that say the transaction itself is gone, however deeply wrapped, and never
-// in the default mode, where there is no transaction to lose.
-func TestTxnLost(t *testing.T) {
+// TestLost pins down which errors drop a partition for a restart from its last
+// commit instead of stopping the service: in exactly-once mode those that say
+// the transaction itself is gone, however deeply wrapped; in both modes a
+// snapshot save fenced by a newer owner's claim.
+func TestLost(t *testing.T) {
 	cases := []struct {
 		name string
 		err  error
@@ -38,6 +38,8 @@ func TestTxnLost(t *testing.T) {
 		{"a leader move is not a loss", fmt.Errorf("produce: %w", kerr.NotLeaderForPartition), true, false},
 		{"flush timeout is not a loss", fmt.Errorf("%w: %w", sink.ErrFlushTimeout, context.DeadlineExceeded), true, false},
 		{"store error is not a loss", errors.New("checkpoint: disk full"), true, false},
+		{"a newer owner claimed the partition", fmt.Errorf("partition 2: save: %w", checkpoint.ErrFenced), false, true},
+		{"a newer owner claimed the partition (exactly-once)", fmt.Errorf("partition 2: save: %w", checkpoint.ErrFenced), true, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -45,8 +47,8 @@ func TestTxnLost(t *testing.T) {
 			if c.eos {
 				w.txn = new(kgo.Client) // only its presence matters here
 			}
-			if got := w.txnLost(c.err); got != c.want {
-				t.Fatalf("txnLost(%v) = %v, want %v", c.err, got, c.want)
+			if got := w.lost(c.err); got != c.want {
+				t.Fatalf("lost(%v) = %v, want %v", c.err, got, c.want)
 			}
 		})
 	}

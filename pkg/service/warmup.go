@@ -45,6 +45,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -105,18 +106,39 @@ func (s *Service) warmUp(ctx context.Context, p int32, committed int64) (*pipeli
 	return proc, nil
 }
 
+// warmUpStall is how long a warm-up read may go without a record before it
+// fails (errWarmUpStalled, which acquireRetrying retries): a broker stall or
+// restart must not be taken for the end of the range.
+var warmUpStall = 30 * time.Second // a variable for tests
+
+// errWarmUpStalled marks a warm-up read that stopped short of its end.
+var errWarmUpStalled = errors.New("warm-up read stalled before the committed offset")
+
 // readRange reads input partition p's records with offsets in [from, to) with
-// read_committed isolation, as the group consumer does. It stops at to, or
-// when a fetch stays empty for a while (the rest of the range is transaction
-// markers or was compacted away).
+// read_committed isolation, as the group consumer does, and returns only once
+// it has seen the record at to−1 or one beyond it: control records (the
+// markers that end transactions, often the last offsets before a commit) are
+// kept for that and not passed to fn. A read that brings nothing for
+// warmUpStall fails: a warm-up that stopped at the first empty poll, as after
+// a broker stall, left the rebuilt state short and reported success. The only
+// range it cannot finish is one whose records retention deleted; it starts at
+// the log start offset instead, and checkRetention reports the gap.
 func (s *Service) readRange(ctx context.Context, p int32, from, to int64, fn func(*kgo.Record)) error {
 	if from >= to {
 		return nil
+	}
+	if start, err := s.startOffset(ctx, p); err != nil {
+		return fmt.Errorf("read the log start offset: %w", err)
+	} else if start >= to {
+		return nil // all deleted
+	} else if start > from {
+		from = start
 	}
 	cl, err := kgo.NewClient(append([]kgo.Opt{
 		kgo.SeedBrokers(s.cfg.Brokers...),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{s.cfg.InputTopic: {p: kgo.NewOffset().At(from)}}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(),
 		kgo.FetchMaxBytes(32 << 20),
 		kgo.FetchMaxWait(200 * time.Millisecond),
 	}, s.cfg.ClientOpts...)...)
@@ -124,38 +146,48 @@ func (s *Service) readRange(ctx context.Context, p int32, from, to int64, fn fun
 		return err
 	}
 	defer cl.Close()
+	last := from - 1 // the highest offset seen
+	lastProgress := time.Now()
 	for {
-		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		fs := cl.PollFetches(pctx)
 		cancel()
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if fs.NumRecords() == 0 && pctx.Err() != nil {
-			return nil
-		}
 		var ferr error
 		fs.EachError(func(_ string, _ int32, err error) {
-			if ctx.Err() == nil && pctx.Err() == nil {
+			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
 				ferr = err
 			}
 		})
-		if ferr != nil {
+		if ferr != nil && !mayPass(ferr) {
 			return ferr
 		}
 		done := false
 		fs.EachRecord(func(r *kgo.Record) {
+			if done || r.Offset <= last {
+				return
+			}
+			last = r.Offset
 			if r.Offset >= to {
 				done = true
 				return
 			}
-			fn(r)
+			if !r.Attrs.IsControl() {
+				fn(r)
+			}
 			if r.Offset == to-1 {
 				done = true
 			}
 		})
 		if done {
 			return nil
+		}
+		if fs.NumRecords() > 0 {
+			lastProgress = time.Now()
+		} else if time.Since(lastProgress) >= warmUpStall {
+			return fmt.Errorf("%w: nothing for %s after offset %d (reading %d..%d)", errWarmUpStalled, warmUpStall, last, from, to)
 		}
 	}
 }

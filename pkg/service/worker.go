@@ -21,9 +21,15 @@ import (
 	"github.com/velocity-consumer/velocity-consumer/pkg/sink"
 )
 
+// bgResult is what a background checkpoint hands back to the partition
+// goroutine: the snapshot it borrowed, and how far it got.
 type bgResult struct {
-	snap *pipeline.PendingSnapshot
-	err  error
+	snap      *pipeline.PendingSnapshot
+	next      int64
+	id        checkpoint.ID
+	saved     bool // the snapshot is durable
+	committed bool // and next is committed
+	err       error
 }
 
 type batch struct {
@@ -64,11 +70,28 @@ type worker struct {
 	backoff  time.Duration
 	holdErrs int
 
-	lastNext  int64     // next offset at the last checkpoint
-	lastSweep time.Time // of unlisted dedupe segments (zero: not since the partition was assigned)
-	dirty     bool      // state changed since the last checkpoint
-	snapBuf   []byte
-	sweep     *sweep // a background checkpoint still taking its snapshot, or nil
+	// The checkpointer's state (see checkpoint, which keeps its invariant).
+	//
+	//	dirty      the state changed since the last snapshot was cut: records
+	//	           were processed, or outputs emitted (an idle release changes
+	//	           the state and publishes without moving any offset)
+	//	lastNext   Next at the last cut
+	//	savedNext  Next of the last durable snapshot, savedID its ID
+	//	committed  the last offset the group commit (or the transaction)
+	//	           acknowledged; below savedNext after a commit failed, which
+	//	           the next interval, and any handover, retries
+	//	lastDurable when committed last caught up with savedNext
+	epoch       uint64 // this ownership's owner epoch (checkpoint.Store.Claim)
+	seq         uint64 // the last snapshot sequence number used under epoch
+	dirty       bool
+	lastNext    int64
+	savedNext   int64
+	savedID     checkpoint.ID
+	committed   int64
+	lastDurable time.Time
+	lastSweep   time.Time // of unlisted dedupe segments (zero: not since the partition was assigned)
+	snapBuf     []byte
+	sweep       *sweep // a background checkpoint still taking its snapshot, or nil
 	// bgBusy is set while a background checkpoint (default mode) waits for
 	// its outputs, saves and commits; bgDone returns its buffer and error.
 	bgBusy    bool
@@ -77,18 +100,29 @@ type worker struct {
 	lastCap   uint64
 	keyWarned time.Time // last key-mismatch warning (at most one per keyWarnEvery)
 
+	// released is set once the partition is no longer this worker's (it
+	// returned, or was told to leave without a checkpoint): a background
+	// checkpoint still running then saves nothing more and commits nothing.
+	released atomic.Bool
+	// progress is when the goroutine last finished a step (UnixNano); read by
+	// Service.Healthy from other goroutines.
+	progress atomic.Int64
+
 	recordsIn, features, lateApplied prometheus.Counter
 }
 
-func (s *Service) startWorker(p int32, proc *pipeline.Processor, txn *kgo.Client) *worker {
+func (s *Service) startWorker(p int32, proc *pipeline.Processor, txn *kgo.Client, epoch uint64, committed int64) *worker {
 	label := metrics.Partition(p)
 	w := &worker{
-		s: s, part: p, label: label, proc: proc, txn: txn,
+		s: s, part: p, label: label, proc: proc, txn: txn, epoch: epoch,
 		in:          make(chan batch, 4),
 		quit:        make(chan bool, 1),
 		done:        make(chan struct{}),
 		bgDone:      make(chan bgResult, 1),
 		lastNext:    proc.Next(),
+		savedNext:   proc.Next(),
+		committed:   committed,
+		lastDurable: time.Now(),
 		recordsIn:   s.m.RecordsIn.WithLabelValues(label),
 		features:    s.m.Features.WithLabelValues(label),
 		lateApplied: s.m.LateApplied.WithLabelValues(label),
@@ -101,6 +135,7 @@ func (s *Service) startWorker(p int32, proc *pipeline.Processor, txn *kgo.Client
 		s.m.Latency.Observe(float64(time.Now().UnixNano()-arrival) / 1e9)
 	})
 	w.emitFn = w.emit
+	w.progress.Store(time.Now().UnixNano())
 	s.mu.Lock()
 	s.workers[p] = w
 	s.mu.Unlock()
@@ -112,6 +147,7 @@ func (w *worker) stop(commit bool) { w.quit <- commit }
 
 func (w *worker) run() {
 	defer close(w.done)
+	defer w.released.Store(true)
 	if w.txn != nil {
 		// Leaving without a commit abandons the open transaction: the next
 		// owner's fencing (or the transaction timeout) aborts it.
@@ -159,72 +195,78 @@ func (w *worker) run() {
 					err = w.checkpointInBackground()
 				}
 				if err != nil {
-					if w.txnLost(err) {
-						w.leaveTxnLost(err)
-						return
-					}
-					w.s.fail(err)
-					w.drainQuit()
+					w.leaveOrFail(err)
 					return
 				}
 			}
 			w.updateGauges()
 		case res := <-w.bgDone:
 			if err := w.backgroundDone(res); err != nil {
-				w.s.fail(err)
-				w.drainQuit()
+				w.leaveOrFail(err)
 				return
 			}
 		case commit := <-w.quit:
-			if commit {
-				// Finish the work already handed to us, then checkpoint it,
-				// after any background checkpoint has finished (saves and
-				// commits must stay in order).
-				for {
-					select {
-					case b := <-w.in:
-						w.process(b)
-						b.round.finish()
-						continue
-					default:
-					}
-					break
-				}
-				w.completeSweep()
-				err := w.waitBackground()
-				if err == nil {
-					err = w.checkpoint()
-				}
-				if err != nil && w.txnLost(err) {
-					// Revoked, and another instance has already taken
-					// over: it restores from our last commit.
-					w.s.m.TxnPartitionsLost.Inc()
-					w.s.log.Warn("exactly-once: transaction lost while releasing a revoked partition; the new owner resumes from the last commit",
-						zap.Int32("partition", w.part), zap.Error(err))
-				} else if err != nil {
-					w.s.fail(err)
-				}
-			}
-			// On lost, a background checkpoint still running finishes on its
-			// own: an older snapshot with its own older offset is consistent,
-			// and the new owner's next checkpoint supersedes both.
-			return
-		}
-		if err := w.tracker.Err(); err != nil {
-			w.s.m.ProduceErrors.Inc()
-			err = fmt.Errorf("partition %d: %w", w.part, err)
-			if w.txnLost(err) {
-				w.leaveTxnLost(err)
+			if !commit {
+				// Lost: the partition may be someone else's already. A
+				// background checkpoint still running stops short of saving
+				// and committing (released); what it saved before is an
+				// older consistent state, which the new owner's claim fences
+				// from then on.
+				w.released.Store(true)
 				return
 			}
-			w.s.fail(err)
-			w.drainQuit()
+			// Finish the work already handed to us, then checkpoint it,
+			// after any background checkpoint has finished (saves and
+			// commits must stay in order).
+			for {
+				select {
+				case b := <-w.in:
+					w.process(b)
+					b.round.finish()
+					continue
+				default:
+				}
+				break
+			}
+			w.completeSweep()
+			err := w.waitBackground()
+			if err == nil {
+				err = w.checkpoint()
+			}
+			if err != nil && w.lost(err) {
+				// Revoked, and another instance has already taken
+				// over: it restores from our last commit.
+				w.s.m.TxnPartitionsLost.Inc()
+				w.s.log.Warn("partition taken over by another owner while being released; the new owner resumes from the last commit",
+					zap.Int32("partition", w.part), zap.Error(err))
+			} else if err != nil {
+				w.s.fail(err)
+			}
+			return
+		}
+		w.progress.Store(time.Now().UnixNano())
+		if err := w.tracker.Err(); err != nil {
+			w.s.m.ProduceErrors.Inc()
+			w.leaveOrFail(fmt.Errorf("partition %d: %w", w.part, err))
 			return
 		}
 	}
 }
 
-// txnLost reports whether err means this partition's transaction is gone:
+// leaveOrFail ends the worker after err: the partition is dropped when err
+// means it is not ours any more (lost), else the service stops.
+func (w *worker) leaveOrFail(err error) {
+	if w.lost(err) {
+		w.leaveLost(err)
+		return
+	}
+	w.s.fail(err)
+	w.drainQuit()
+}
+
+// lost reports whether err means this partition is not ours to work on any
+// more. In both modes: the snapshot store refused a save because a newer owner
+// claimed the partition (checkpoint.ErrFenced). In exactly-once mode also:
 // another producer initialised our transactional id (a new owner after a
 // rebalance we have not heard of yet, or anyone else), or the coordinator
 // aborted the transaction (it timed out); or its commit's outcome never came
@@ -232,7 +274,10 @@ func (w *worker) run() {
 // is safe to drop: its next acquire fences the id, which settles the
 // transaction, and restores the snapshot that matches the committed offset.
 // It is not safe to go on with this producer.
-func (w *worker) txnLost(err error) bool {
+func (w *worker) lost(err error) bool {
+	if errors.Is(err, checkpoint.ErrFenced) {
+		return true
+	}
 	if w.txn == nil {
 		return false
 	}
@@ -245,15 +290,21 @@ func (w *worker) txnLost(err error) bool {
 	return false
 }
 
-// leaveTxnLost drops the partition after txnLost: its open transaction is
+// leaveLost drops the partition after lost: its open transaction is
 // abandoned (the deferred Close; the coordinator has aborted or will abort it)
 // and fetching it is paused. If the group has moved the partition, its revoke
 // or lost callback follows; if the group still gives it to us, the poll loop
 // restarts it from its last commit (Service.reacquireLost).
-func (w *worker) leaveTxnLost(err error) {
-	w.s.m.TxnPartitionsLost.Inc()
-	w.s.log.Warn("exactly-once: transaction fenced or aborted; dropping the partition's uncommitted work",
-		zap.Int32("partition", w.part), zap.Int64("last_committed", w.lastNext), zap.Error(err))
+func (w *worker) leaveLost(err error) {
+	w.released.Store(true)
+	if w.txn != nil {
+		w.s.m.TxnPartitionsLost.Inc()
+		w.s.log.Warn("exactly-once: transaction fenced or aborted; dropping the partition's uncommitted work",
+			zap.Int32("partition", w.part), zap.Int64("last_committed", w.committed), zap.Error(err))
+	} else {
+		w.s.log.Warn("a newer owner claimed the partition; dropping it (its outputs so far are published, the new owner resumes from its own state)",
+			zap.Int32("partition", w.part), zap.Int64("last_committed", w.committed), zap.Error(err))
+	}
 	s := w.s
 	s.mu.Lock()
 	if s.workers[w.part] == w { // else a revoke or lost is already releasing it
@@ -403,6 +454,7 @@ func (w *worker) emit(o *pipeline.Output) {
 		w.tracker.Features(o.Key, o.Value, o.Arrival)
 	}
 	w.txnRecords++
+	w.dirty = true // the state changed even if no offset moved (an idle release)
 	if w.s.cfg.Observe != nil {
 		w.s.cfg.Observe(o)
 	}
@@ -410,6 +462,7 @@ func (w *worker) emit(o *pipeline.Output) {
 
 func (w *worker) updateGauges() {
 	m := w.s.m
+	m.CheckpointAge.WithLabelValues(w.label).Set(time.Since(w.lastDurable).Seconds())
 	m.ReorderBuffer.WithLabelValues(w.label).Set(float64(w.proc.Pending()))
 	m.Entities.WithLabelValues(w.label).Set(float64(w.proc.Entities()))
 	if wm, ok := w.proc.Watermark(); ok {
@@ -439,15 +492,23 @@ func (w *worker) updateGauges() {
 	w.lastStats = st
 }
 
-// checkpoint runs the protocol for this partition:
+// checkpoint runs the protocol for this partition, synchronously (every
+// exactly-once checkpoint; a default-mode revoke or shutdown):
 //
-//	flush outputs → save snapshot durably → commit next.
+//	flush outputs → save snapshot durably → commit next
 //
-// Invariant: the group's committed offset for this partition is never ahead of
-// a durable snapshot, and every output for offsets below it is acknowledged.
+// Invariant (both modes, and checkpointInBackground): the group's committed
+// offset for this partition is never ahead of a durable snapshot, and every
+// output for offsets below it is acknowledged. So committed ≤ savedNext, and
+// savedNext is set only once Save has returned.
+//
+// A checkpoint is due when the state is dirty, or when a commit failed
+// earlier (committed < savedNext, default mode): a handover must not leave the
+// group's offset behind the state that is durable, or the next owner re-reads
+// and republishes what this one already did.
 func (w *worker) checkpoint() error {
-	if !w.dirty && w.proc.Next() == w.lastNext {
-		return nil
+	if !w.dirty {
+		return w.catchUpCommit()
 	}
 	if w.txn != nil && w.txnRecords == 0 {
 		// Exactly-once: a transaction with offsets but no records is one
@@ -476,32 +537,61 @@ func (w *worker) checkpoint() error {
 		return fmt.Errorf("partition %d: %w", w.part, err)
 	}
 	w.s.m.CheckpointWritten.WithLabelValues(w.label).Add(float64(len(state) + ps.SegmentBytes()))
-	if err := w.s.cfg.Store.Save(ctx, w.s.key(w.part), checkpoint.Snapshot{Next: next, State: state}); err != nil {
-		w.s.m.CheckpointErrors.Inc()
+	w.seq++
+	snap := checkpoint.Snapshot{Next: next, State: state, Epoch: w.epoch, Seq: w.seq}
+	if err := w.s.cfg.Store.Save(ctx, w.s.key(w.part), snap); err != nil {
+		if !errors.Is(err, checkpoint.ErrFenced) {
+			w.s.m.CheckpointErrors.Inc()
+		}
 		return fmt.Errorf("partition %d: %w", w.part, err)
 	}
+	w.lastNext, w.dirty = next, false
+	w.savedNext, w.savedID = next, snap.ID()
 	w.deleteSegments(w.proc.SnapshotSaved(ps))
 	w.sweepSegments()
 	w.s.m.CheckpointBytes.WithLabelValues(w.label).Set(float64(len(w.snapBuf)))
 	if w.txn != nil {
 		// The snapshot above is durable before this commit: a crash in
 		// between leaves it ahead of the committed transaction, and restore
-		// steps back to the previous one (checkpoint.ForCommitted).
-		if err := w.commitTxn(ctx, next); err != nil {
+		// steps back to the previous one, found by the ID this commit
+		// carries (checkpoint.ForCommitted).
+		if err := w.commitTxn(ctx, next, snap.ID()); err != nil {
 			w.s.m.CommitErrors.Inc()
 			return fmt.Errorf("partition %d: exactly-once commit of offset %d: %w", w.part, next, err)
 		}
 		w.txnRecords = 0
-	} else if err := w.commit(ctx, next); err != nil {
-		// The snapshot is saved; a failed commit only means a restart re-reads
-		// from the older committed offset and the snapshot's offset wins.
-		w.s.m.CommitErrors.Inc()
-		w.s.log.Warn("offset commit failed", zap.Int32("partition", w.part), zap.Int64("next", next), zap.Error(err))
+		w.committed, w.lastDurable = next, time.Now()
+	} else {
+		w.commitLogged(ctx, next)
 	}
-	w.lastNext = next
-	w.dirty = false
 	w.s.m.CheckpointSeconds.Observe(time.Since(start).Seconds())
 	return nil
+}
+
+// catchUpCommit commits the offset of the last durable snapshot when an
+// earlier commit of it failed (default mode; exactly-once commits inside the
+// transaction or not at all).
+func (w *worker) catchUpCommit() error {
+	if w.txn != nil || w.committed >= w.savedNext {
+		w.lastDurable = time.Now() // nothing changed since the last durable checkpoint
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	w.commitLogged(ctx, w.savedNext)
+	return nil
+}
+
+// commitLogged commits next for the group (default mode). A failure is not an
+// error: the snapshot is saved, so a restart resumes from it whatever the
+// group's offset says; committed stays behind and the commit is retried.
+func (w *worker) commitLogged(ctx context.Context, next int64) {
+	if err := w.commit(ctx, next); err != nil {
+		w.s.m.CommitErrors.Inc()
+		w.s.log.Warn("offset commit failed; retried at the next checkpoint", zap.Int32("partition", w.part), zap.Int64("next", next), zap.Error(err))
+		return
+	}
+	w.committed, w.lastDurable = max(w.committed, next), time.Now()
 }
 
 // checkpointInBackground runs the default-mode protocol without stalling the
@@ -511,18 +601,23 @@ func (w *worker) checkpoint() error {
 // the cut, saves it and commits its offset while processing goes on. Only one
 // runs at a time; an interval that finds one still running is skipped.
 //
-// Invariant (as in checkpoint): the offset is committed only after the
+// The invariant of checkpoint holds: the goroutine commits only after the
 // snapshot is durable and every output for the offsets below it is
 // acknowledged; outputs produced after the cut belong to offsets at or above
-// it.
+// it, or to events released after it, which the next snapshot covers. The
+// cut clears dirty (changes after it make the state dirty again); savedNext
+// and committed move only when backgroundDone hears the goroutine succeeded,
+// and a failed save makes the state dirty again.
 func (w *worker) checkpointInBackground() error {
-	if !w.dirty && w.proc.Next() == w.lastNext {
-		return nil
+	if !w.dirty {
+		return w.catchUpCommit()
 	}
 	start := time.Now()
+	w.seq++
 	w.sweep = &sweep{
 		snap:  w.proc.BeginSnapshot(w.snapBuf[:0]),
 		next:  w.proc.Next(),
+		id:    checkpoint.ID{Epoch: w.epoch, Seq: w.seq},
 		epoch: w.tracker.Cut(), // at the snapshot: no output in between
 		start: start,
 	}
@@ -538,6 +633,7 @@ func (w *worker) checkpointInBackground() error {
 type sweep struct {
 	snap  *pipeline.PendingSnapshot
 	next  int64
+	id    checkpoint.ID
 	epoch *sink.Epoch
 	start time.Time
 }
@@ -574,15 +670,18 @@ func (w *worker) advanceSweep(d time.Duration) {
 	}
 	w.sweep = nil
 	go func() {
+		res := bgResult{snap: sw.snap, next: sw.next, id: sw.id}
 		state, err := sw.snap.Finish()
 		if err != nil {
 			w.s.m.CheckpointErrors.Inc()
-			w.bgDone <- bgResult{snap: sw.snap, err: fmt.Errorf("partition %d: %w", w.part, err)}
+			res.err = fmt.Errorf("partition %d: %w", w.part, err)
+			w.bgDone <- res
 			return
 		}
 		w.s.m.CheckpointBytes.WithLabelValues(w.label).Set(float64(len(state)))
 		w.s.m.CheckpointWritten.WithLabelValues(w.label).Add(float64(len(state) + sw.snap.SegmentBytes()))
-		w.bgDone <- bgResult{snap: sw.snap, err: w.finishCheckpoint(sw.epoch, sw.next, state, sw.start)}
+		res.saved, res.committed, res.err = w.finishCheckpoint(sw, state)
+		w.bgDone <- res
 	}()
 }
 
@@ -595,33 +694,47 @@ func (w *worker) completeSweep() {
 	}
 }
 
-// finishCheckpoint waits for the outputs of the epoch, saves the snapshot and
-// commits next.
-func (w *worker) finishCheckpoint(epoch *sink.Epoch, next int64, state []byte, start time.Time) error {
+// finishCheckpoint waits for the outputs of the cut, saves the snapshot and
+// commits its offset; it runs on the background checkpoint's goroutine and
+// touches none of the partition goroutine's fields. Once the worker is
+// released (the partition lost or revoked) it stops before the save and
+// before the commit: an old owner must not move the group's offset.
+func (w *worker) finishCheckpoint(sw *sweep, state []byte) (saved, committed bool, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := epoch.Wait(ctx); err != nil {
+	if err := sw.epoch.Wait(ctx); err != nil {
 		w.s.m.ProduceErrors.Inc()
-		return fmt.Errorf("partition %d: flush before checkpoint: %w", w.part, err)
+		return false, false, fmt.Errorf("partition %d: flush before checkpoint: %w", w.part, err)
 	}
 	if err := w.tracker.Err(); err != nil {
 		w.s.m.ProduceErrors.Inc()
-		return fmt.Errorf("partition %d: %w", w.part, err)
+		return false, false, fmt.Errorf("partition %d: %w", w.part, err)
 	}
-	if err := w.s.cfg.Store.Save(ctx, w.s.key(w.part), checkpoint.Snapshot{Next: next, State: state}); err != nil {
-		w.s.m.CheckpointErrors.Inc()
-		return fmt.Errorf("partition %d: %w", w.part, err)
+	if w.released.Load() {
+		return false, false, nil
 	}
-	if err := w.commit(ctx, next); err != nil {
+	snap := checkpoint.Snapshot{Next: sw.next, State: state, Epoch: sw.id.Epoch, Seq: sw.id.Seq}
+	if err := w.s.cfg.Store.Save(ctx, w.s.key(w.part), snap); err != nil {
+		if !errors.Is(err, checkpoint.ErrFenced) {
+			w.s.m.CheckpointErrors.Inc()
+		}
+		return false, false, fmt.Errorf("partition %d: %w", w.part, err)
+	}
+	if w.released.Load() {
+		return true, false, nil
+	}
+	if err := w.commit(ctx, sw.next); err != nil {
 		w.s.m.CommitErrors.Inc()
-		w.s.log.Warn("offset commit failed", zap.Int32("partition", w.part), zap.Int64("next", next), zap.Error(err))
+		w.s.log.Warn("offset commit failed; retried at the next checkpoint", zap.Int32("partition", w.part), zap.Int64("next", sw.next), zap.Error(err))
+	} else {
+		committed = true
 	}
-	w.s.m.CheckpointSeconds.Observe(time.Since(start).Seconds())
+	w.s.m.CheckpointSeconds.Observe(time.Since(sw.start).Seconds())
 	if ce := w.s.log.Check(zap.DebugLevel, "checkpoint saved"); ce != nil {
-		ce.Write(zap.Int32("partition", w.part), zap.Int64("next", next), zap.Int("bytes", len(state)),
-			zap.Time("began", start), zap.Duration("took", time.Since(start)))
+		ce.Write(zap.Int32("partition", w.part), zap.Int64("next", sw.next), zap.Int("bytes", len(state)),
+			zap.Time("began", sw.start), zap.Duration("took", time.Since(sw.start)))
 	}
-	return nil
+	return true, committed, nil
 }
 
 // waitBackground waits for a background checkpoint still running.
@@ -632,14 +745,22 @@ func (w *worker) waitBackground() error {
 	return w.backgroundDone(<-w.bgDone)
 }
 
-// backgroundDone takes back what a finished background checkpoint borrowed.
+// backgroundDone takes back what a finished background checkpoint borrowed,
+// and records how far it got (on the partition goroutine).
 func (w *worker) backgroundDone(res bgResult) error {
 	w.bgBusy = false
 	w.proc.EndSnapshot(res.snap)
 	w.snapBuf = res.snap.Bytes()[:0]
-	if res.err == nil {
+	if res.saved {
+		w.savedNext, w.savedID = res.next, res.id
 		w.deleteSegments(w.proc.SnapshotSaved(res.snap))
 		w.sweepSegments()
+	} else {
+		// The state since the previous durable snapshot is not saved.
+		w.dirty = true
+	}
+	if res.committed {
+		w.committed, w.lastDurable = max(w.committed, res.next), time.Now()
 	}
 	return res.err
 }
