@@ -9,6 +9,8 @@
 #   make check              gofmt and go vet, integration tests included
 #   make kafka-start | kafka-stop | kafka-status   a broker on 127.0.0.1:9092 for development
 #   make bench-peers        issue 9: ours vs Kafka Streams and the seed Python library (BENCHMARKS.md)
+#   make chaos              the randomized fault checker's long schedules (docs/fault-checker.md);
+#                           its short schedule runs inside test-integration
 
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
@@ -21,7 +23,7 @@ INTEGRATION_TIMEOUT ?= 10m
 # Extra flags for go test, e.g. GOTESTFLAGS='-run TestKcat'.
 GOTESTFLAGS ?=
 
-.PHONY: demo test test-unit test-integration check kafka-start kafka-stop kafka-status bench-peers
+.PHONY: demo test test-unit test-integration check kafka-start kafka-stop kafka-status bench-peers chaos
 
 demo:
 	$(GO) run ./cmd/velocity-consumer demo
@@ -85,3 +87,23 @@ bench-peers:
 	bin/velocity-bench seq --out $(BENCH_DIR)/seq-100k.bin --entities 100000 --events 1000000
 	python3 bench/python/seed_window.py $(BENCH_DIR)/seq-100k.bin --passes 5
 	VELOCITY_BENCH_SEQ=$(BENCH_DIR)/seq-100k.bin $(GO) test -run '^$$' -bench SeedSequence -count 5 ./cmd/velocity-bench/
+
+# Issue 21: the randomized fault checker's long schedules (docs/fault-checker.md). Each of
+# the 4 cells (default/--exactly-once x kafka/file store) runs CHAOS_RUNS random seeds, or
+# the seeds in CHAOS_SEEDS (comma-separated), each a schedule of about CHAOS_DURATION plus
+# two minutes of final checks. It starts a private broker of its own (Java 17 + Maven).
+# Logs of every run are kept under CHAOS_LOGS; one line per run is appended to CHAOS_REPORT.
+CHAOS_DURATION ?= 10m
+CHAOS_RUNS ?= 1
+CHAOS_SEEDS ?=
+CHAOS_LOGS ?= bin/chaos
+CHAOS_REPORT ?= $(CHAOS_LOGS)/report.tsv
+CHAOS_TIMEOUT ?= 6h
+# One cell only, e.g. CHAOS_CELLS=eos-kafka (a -run pattern for the cell)
+CHAOS_CELLS ?=
+chaos:
+	mkdir -p $(CHAOS_LOGS)
+	VELOCITY_REQUIRE_KAFKA=1 VELOCITY_CHAOS_DURATION=$(CHAOS_DURATION) VELOCITY_CHAOS_RUNS=$(CHAOS_RUNS) \
+		VELOCITY_CHAOS_SEED=$(CHAOS_SEEDS) VELOCITY_CHAOS_LOGS=$(abspath $(CHAOS_LOGS)) \
+		VELOCITY_CHAOS_REPORT=$(abspath $(CHAOS_REPORT)) \
+		$(GO) test -tags integration -count=1 -v -timeout $(CHAOS_TIMEOUT) -run 'TestChaos$$/$(CHAOS_CELLS)' $(GOTESTFLAGS) ./integration/chaos/
