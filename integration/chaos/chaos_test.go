@@ -34,12 +34,12 @@ const (
 
 // Environment of the checker (docs/fault-checker.md).
 //
-//	VELOCITY_CHAOS_SEED       seeds, comma-separated: run these schedules (default: one random seed per cell)
-//	VELOCITY_CHAOS_RUNS       random seeds per cell when VELOCITY_CHAOS_SEED is unset (default 1)
+//	VELOCITY_CHAOS_SEED       seeds, comma-separated: run these schedules (default: one random seed per store)
+//	VELOCITY_CHAOS_RUNS       random seeds per store when VELOCITY_CHAOS_SEED is unset (default 1)
 //	VELOCITY_CHAOS_DURATION   least planned length of each fault schedule, before the final checks (default 0: one round, 25-40s planned)
 //	VELOCITY_CHAOS_SLACK      extra wait, on top of --checkpoint-interval + --idle-timeout, for outputs after the input goes quiet (default 15s)
 //	VELOCITY_CHAOS_LOGS       keep every run's logs under this directory (default: a temporary directory kept only when the run fails)
-//	VELOCITY_CHAOS_REPORT     append one line per run (date, cell, seed, outcome) to this file
+//	VELOCITY_CHAOS_REPORT     append one line per run and mode (date, store, mode, seed, outcome) to this file
 type chaosEnv struct {
 	seeds    []uint64
 	duration time.Duration
@@ -91,41 +91,27 @@ func randomSeeds(t *testing.T) []uint64 {
 	return seeds
 }
 
-// cell is one point of the matrix: mode × checkpoint store.
-type cell struct {
-	eos  bool
-	file bool // a file:// directory per instance; else the kafka store
-}
-
-func (c cell) String() string {
-	m, s := "default", "kafka"
-	if c.eos {
-		m = "eos"
-	}
-	if c.file {
-		s = "file"
-	}
-	return m + "-" + s
-}
-
-// TestChaos runs the randomized fault checker: for each cell of the matrix
-// (default and --exactly-once, kafka and per-instance file stores), one
-// seeded schedule (more with VELOCITY_CHAOS_SEED or VELOCITY_CHAOS_RUNS), on
-// one private broker that the schedules restart. See the package doc and
-// docs/fault-checker.md.
+// TestChaos runs the randomized fault checker: for each checkpoint store
+// (kafka, and a file:// directory per instance), one seeded schedule (more
+// with VELOCITY_CHAOS_SEED or VELOCITY_CHAOS_RUNS), on one private broker
+// that the schedules restart. Each run has two consumer groups on the same
+// input, one in the default mode and one with --exactly-once, and every fault
+// of the schedule hits both at once (instance N of each group is killed,
+// frozen, started and stopped together), so one schedule covers both cells
+// of its store. See the package doc and docs/fault-checker.md.
 func TestChaos(t *testing.T) {
 	env := readEnv(t)
 	b := kafkatest.StartPrivateBroker(t)
 	bin := buildBinary(t)
-	for _, c := range []cell{{false, false}, {true, false}, {false, true}, {true, true}} {
-		t.Run(c.String(), func(t *testing.T) {
+	for _, store := range []string{"kafka", "file"} {
+		t.Run(store, func(t *testing.T) {
 			seeds := env.seeds
 			if seeds == nil {
 				seeds = randomSeeds(t)
 			}
 			for _, seed := range seeds {
 				t.Run(fmt.Sprintf("seed-%d", seed), func(t *testing.T) {
-					runChaos(t, b, bin, c, seed, env)
+					runChaos(t, b, bin, store, seed, env)
 				})
 			}
 		})
@@ -186,20 +172,32 @@ var semantics = []string{
 	"--compression", "none",
 }
 
-// run is one schedule in one cell.
+// group is one consumer group of a run: one mode, its own output topics,
+// instances and readers.
+type group struct {
+	mode     string // "default" or "eos"
+	eos      bool
+	name     string
+	out, dlq string
+	inst     [slots]*instance
+	live     *collector // read_committed under --exactly-once
+	raw      *collector // read_uncommitted; the same as live in the default mode
+	cps      []checkpoint
+}
+
+// run is one schedule over one input, consumed by a default-mode group and
+// an exactly-once group with the same checkpoint store kind.
 type run struct {
 	t      *testing.T
 	b      *kafkatest.PrivateBroker
-	cell   cell
+	store  string
 	sched  schedule
 	env    chaosEnv
 	ctx    context.Context
 	dir    string
 	tl     *timeline
-	inst   [slots]*instance
+	groups []*group
 	prod   *producer
-	live   *collector // read_committed under --exactly-once
-	raw    *collector // read_uncommitted; the same as live in the default mode
 	input  string
 	notes  []string // what the processes did that the topic checks do not judge
 	faults map[faultKind]int
@@ -208,17 +206,16 @@ type run struct {
 	lastFault time.Time
 }
 
-func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, c cell, seed uint64, env chaosEnv) {
+func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin, store string, seed uint64, env chaosEnv) {
 	sched := makeSchedule(seed, env.duration, planTimes{session: sessionTimeout, idle: idleTimeout})
-	repro := fmt.Sprintf("VELOCITY_CHAOS_SEED=%d VELOCITY_CHAOS_DURATION=%s go test -tags integration -count=1 -v -run 'TestChaos/%s/' ./integration/chaos/",
-		seed, env.duration, c)
-	fmt.Fprintf(os.Stderr, "chaos: %s seed %d (reproduce: %s)\n", c, seed, repro)
-	t.Logf("chaos: %s, seed %d; reproduce with:\n  %s\n%s", c, seed, repro, sched)
+	repro := fmt.Sprintf("VELOCITY_REQUIRE_KAFKA=1 VELOCITY_CHAOS_SEED=%d VELOCITY_CHAOS_DURATION=%s go test -tags integration -count=1 -v -run 'TestChaos/%s/' ./integration/chaos/",
+		seed, env.duration, store)
+	fmt.Fprintf(os.Stderr, "chaos: store %s, seed %d (reproduce: %s)\n", store, seed, repro)
+	t.Logf("chaos: store %s, seed %d; reproduce with:\n  %s\n%s", store, seed, repro, sched)
 
-	dir, keep := logDir(t, env, c, seed)
-	r := &run{t: t, b: b, cell: c, sched: sched, env: env, dir: dir, faults: map[faultKind]int{}}
-	budget := sched.length() + 8*time.Minute
-	r.ctx = kafkatest.Context(t, budget)
+	dir, keep := logDir(t, env, store, seed)
+	r := &run{t: t, b: b, store: store, sched: sched, env: env, dir: dir, faults: map[faultKind]int{}}
+	r.ctx = kafkatest.Context(t, sched.length()+10*time.Minute)
 	tl, err := newTimeline(dir, t.Logf)
 	if err != nil {
 		t.Fatal(err)
@@ -231,36 +228,53 @@ func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, c cell, seed
 	addr := b.Addr
 	keepAll := map[string]string{"retention.ms": "-1"}
 	r.input = kafkatest.CreateTopic(t, addr, partitions, keepAll)
-	out := kafkatest.CreateTopic(t, addr, partitions, keepAll)
-	dlq := kafkatest.CreateTopic(t, addr, partitions, keepAll)
-	replayOut := kafkatest.CreateTopic(t, addr, partitions, keepAll)
-	replayDLQ := kafkatest.CreateTopic(t, addr, partitions, keepAll)
-	group := kafkatest.Group(t)
-	snapTopic := kafkatest.Name(t, "snap")
-
-	for i := range r.inst {
-		store := "kafka://" + snapTopic
-		if c.file {
-			sd := filepath.Join(dir, fmt.Sprintf("state-%d", i))
-			if err := os.MkdirAll(sd, 0o755); err != nil {
+	for _, eos := range []bool{false, true} {
+		g := &group{mode: "default", eos: eos, name: kafkatest.Group(t),
+			out: kafkatest.CreateTopic(t, addr, partitions, keepAll), dlq: kafkatest.CreateTopic(t, addr, partitions, keepAll)}
+		if eos {
+			g.mode = "eos"
+		}
+		snapTopic := kafkatest.Name(t, "snap")
+		for i := range g.inst {
+			st := "kafka://" + snapTopic
+			if store == "file" {
+				sd := filepath.Join(dir, fmt.Sprintf("%s-state-%d", g.mode, i))
+				if err := os.MkdirAll(sd, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				st = "file://" + sd
+			}
+			args := append([]string{
+				"--brokers", addr, "--group", g.name, "--input-topic", r.input,
+				"--output-topic", g.out, "--dlq-topic", g.dlq, "--checkpoint-store", st,
+				"--checkpoint-interval", checkpointInterval.String(), "--idle-timeout", idleTimeout.String(),
+				"--session-timeout", sessionTimeout.String(), "--metrics-addr", "", "--log-level", "info",
+			}, semantics...)
+			if eos {
+				args = append(args, "--exactly-once")
+			}
+			g.inst[i] = &instance{name: fmt.Sprintf("%s-%d", g.mode, i), bin: bin, args: args,
+				logs: filepath.Join(dir, fmt.Sprintf("%s-%d.log", g.mode, i)), tl: tl}
+		}
+		if g.live, err = newCollector(r.ctx, addr, g.out, g.dlq, eos); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(g.live.close)
+		g.raw = g.live
+		if eos {
+			if g.raw, err = newCollector(r.ctx, addr, g.out, g.dlq, false); err != nil {
 				t.Fatal(err)
 			}
-			store = "file://" + sd
+			t.Cleanup(g.raw.close)
 		}
-		args := append([]string{
-			"--brokers", addr, "--group", group, "--input-topic", r.input,
-			"--output-topic", out, "--dlq-topic", dlq, "--checkpoint-store", store,
-			"--checkpoint-interval", checkpointInterval.String(), "--idle-timeout", idleTimeout.String(),
-			"--session-timeout", sessionTimeout.String(), "--metrics-addr", "", "--log-level", "info",
-		}, semantics...)
-		if c.eos {
-			args = append(args, "--exactly-once")
-		}
-		r.inst[i] = &instance{name: fmt.Sprintf("instance-%d", i), bin: bin, args: args,
-			logs: filepath.Join(dir, fmt.Sprintf("instance-%d.log", i)), tl: tl}
+		r.groups = append(r.groups, g)
 	}
 	t.Cleanup(func() {
-		for _, in := range r.inst {
+		var all []*instance
+		for _, g := range r.groups {
+			all = append(all, g.inst[:]...)
+		}
+		for _, in := range all {
 			_, _ = in.stop(syscall.SIGKILL, 10*time.Second)
 		}
 		tl.close()
@@ -270,18 +284,6 @@ func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, c cell, seed
 			os.RemoveAll(dir)
 		}
 	})
-
-	if r.live, err = newCollector(r.ctx, addr, out, dlq, c.eos); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(r.live.close)
-	r.raw = r.live
-	if c.eos {
-		if r.raw, err = newCollector(r.ctx, addr, out, dlq, false); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(r.raw.close)
-	}
 	// No delivery timeout: franz-go measures it from the record's timestamp,
 	// which is the event time, days ago. producer.burst bounds the wait.
 	pcl := kafkatest.Client(t, addr, kgo.DefaultProduceTopic(r.input), kgo.RecordPartitioner(kgo.ManualPartitioner()),
@@ -289,17 +291,21 @@ func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, c cell, seed
 	r.prod = &producer{cl: pcl, gen: newGenerator(sched.InputSeed)}
 
 	// The schedule.
-	tl.logf("%s seed %d: start instance-0; %d phases planned over %s", c, seed, len(sched.Phases), sched.length())
-	r.must(r.inst[0].start())
+	tl.logf("store %s, seed %d: start default-0 and eos-0; %d phases planned over %s", store, seed, len(sched.Phases), sched.length())
+	for _, g := range r.groups {
+		r.must(g.inst[0].start())
+	}
 	for i, p := range sched.Phases {
 		r.phase(i, p)
 	}
 	tl.logf("schedule done: %d records produced; faults: %v", r.prod.total, r.faults)
-	cps := r.finale()
+	r.finale()
 
 	// The checks.
 	adm := kafkatest.Admin(t, addr)
 	ends := r.inputEnds(adm)
+	replayOut := kafkatest.CreateTopic(t, addr, partitions, keepAll)
+	replayDLQ := kafkatest.CreateTopic(t, addr, partitions, keepAll)
 	tl.logf("replay of %s into %s and %s", r.input, replayOut, replayDLQ)
 	replay := r.replay(bin, addr, replayOut, replayDLQ)
 	gen, err := readInput(r.ctx, addr, r.input, ends)
@@ -307,59 +313,58 @@ func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, c cell, seed
 		t.Fatalf("read the input back: %v", err)
 	}
 	vin := verdictInput{inputTopic: r.input, ends: ends, replay: replay, gen: gen}
-	fails := checkReplay(vin)
-	if len(fails) > 0 {
+	replayFails := checkReplay(vin)
+	if len(replayFails) > 0 {
 		vin.replay = nil // no reference: check the rest only
 	}
-	for _, cp := range cps {
-		fails = append(fails, check(cp, vin)...)
+	r.summary(ends)
+	for _, g := range r.groups {
+		fails := append([]string(nil), replayFails...)
+		for _, cp := range g.cps {
+			fails = append(fails, check(cp, vin)...)
+		}
+		for _, col := range []*collector{g.live, g.raw} {
+			bad, fetch := col.problems()
+			if len(bad) > 0 {
+				fails = append(fails, fmt.Sprintf("%d output records are not readable as the contract says; first: %s", len(bad), bad[0]))
+			}
+			if len(fetch) > 0 {
+				r.note("the checker's reader of %s saw fetch errors (expected around a broker restart): %s", g.out, strings.Join(fetch, "; "))
+			}
+		}
+		outcome := "pass"
+		if len(fails) > 0 {
+			outcome = fmt.Sprintf("FAIL (%d checks)", len(fails))
+			var b strings.Builder
+			fmt.Fprintf(&b, "chaos: mode %s, store %s, seed %d: %d invariants broken over %d input offsets of %s.\n", g.mode, store, seed, len(fails), total(ends), r.input)
+			fmt.Fprintf(&b, "input end offsets: %s\n", describeEnds(ends))
+			fmt.Fprintf(&b, "reproduce: %s\n", repro)
+			fmt.Fprintf(&b, "logs: %s (%s-N.log per process slot of this mode's group %s, timeline.log, schedule.txt, replay.log)\n", dir, g.mode, g.name)
+			for _, f := range fails {
+				fmt.Fprintf(&b, "\n- %s\n", f)
+			}
+			if len(r.notes) > 0 {
+				fmt.Fprintf(&b, "\nnotes:\n  %s\n", strings.Join(r.notes, "\n  "))
+			}
+			t.Error(b.String())
+		}
+		if env.report != "" {
+			line := fmt.Sprintf("%s\t%s-%s\tseed=%d\tduration=%s\trecords=%d\tfaults=%v\tself-exits=%d\t%s\tlogs=%s\n",
+				time.Now().UTC().Format(time.RFC3339), g.mode, store, seed, time.Since(tl.begin).Round(time.Second), total(ends), r.faults, r.selfExits(g), outcome, dir)
+			if f, err := os.OpenFile(env.report, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644); err == nil {
+				f.WriteString(line)
+				f.Close()
+			}
+		}
 	}
-	for _, col := range []*collector{r.live, r.raw} {
-		bad, fetch := col.problems()
-		if len(bad) > 0 {
-			fails = append(fails, fmt.Sprintf("%d output records are not readable as the contract says; first: %s", len(bad), bad[0]))
-		}
-		if len(fetch) > 0 {
-			r.notes = append(r.notes, fmt.Sprintf("the checker's reader saw fetch errors (expected around a broker restart): %s", strings.Join(fetch, "; ")))
-		}
-	}
-	r.summary(ends, cps)
-
-	total := int64(0)
-	for _, e := range ends {
-		total += e
-	}
-	outcome := "pass"
-	if len(fails) > 0 {
-		outcome = fmt.Sprintf("FAIL (%d checks)", len(fails))
-		var b strings.Builder
-		fmt.Fprintf(&b, "chaos: %s, seed %d: %d invariants broken over %d input offsets of %s.\n", c, seed, len(fails), total, r.input)
-		fmt.Fprintf(&b, "input end offsets: %s\n", describeEnds(ends))
-		fmt.Fprintf(&b, "reproduce: %s\n", repro)
-		fmt.Fprintf(&b, "logs: %s (instance-N.log per process slot, timeline.log, schedule.txt)\n", dir)
-		for _, f := range fails {
-			fmt.Fprintf(&b, "\n- %s\n", f)
-		}
-		if len(r.notes) > 0 {
-			fmt.Fprintf(&b, "\nnotes:\n  %s\n", strings.Join(r.notes, "\n  "))
-		}
-		t.Error(b.String())
-	} else if len(r.notes) > 0 {
+	if !t.Failed() && len(r.notes) > 0 {
 		t.Logf("chaos: notes:\n  %s", strings.Join(r.notes, "\n  "))
-	}
-	if env.report != "" {
-		line := fmt.Sprintf("%s\t%s\tseed=%d\tduration=%s\trecords=%d\tfaults=%v\tself-exits=%d\t%s\tlogs=%s\n",
-			time.Now().UTC().Format(time.RFC3339), c, seed, time.Since(tl.begin).Round(time.Second), total, r.faults, r.selfExits(), outcome, dir)
-		if f, err := os.OpenFile(env.report, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644); err == nil {
-			f.WriteString(line)
-			f.Close()
-		}
 	}
 }
 
 // logDir returns the run's log directory and whether to keep it after a pass.
-func logDir(t *testing.T, env chaosEnv, c cell, seed uint64) (string, bool) {
-	name := fmt.Sprintf("%s-seed-%d-%s", c, seed, time.Now().UTC().Format("20060102T150405"))
+func logDir(t *testing.T, env chaosEnv, store string, seed uint64) (string, bool) {
+	name := fmt.Sprintf("%s-seed-%d-%s", store, seed, time.Now().UTC().Format("20060102T150405"))
 	if env.logs != "" {
 		d := filepath.Join(env.logs, name)
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -379,6 +384,16 @@ func (r *run) must(err error) {
 	if err != nil {
 		r.t.Fatal(err)
 	}
+}
+
+// each runs f on instance slot of every group at once and waits.
+func (r *run) each(slot int, f func(*instance)) {
+	var wg sync.WaitGroup
+	for _, g := range r.groups {
+		wg.Add(1)
+		go func() { defer wg.Done(); f(g.inst[slot]) }()
+	}
+	wg.Wait()
 }
 
 // phase runs one phase: its input (a burst or a quiet period) in the
@@ -410,35 +425,47 @@ func (r *run) phase(i int, p phase) {
 	r.supervise()
 }
 
+// fault does p's fault to both groups at once (and to the broker).
 func (r *run) fault(p phase) {
 	tl := r.tl
-	switch p.Fault {
-	case faultKill:
-		in := r.inst[p.Slot]
-		if !in.running() {
-			tl.logf("%s is not running (it exited by itself); starting it", in.name)
-			r.must(in.start())
-			return
-		}
-		tl.logf("SIGKILL %s", in.name)
-		_, _ = in.stop(syscall.SIGKILL, 10*time.Second)
-		time.Sleep(p.Dur)
+	start := func(in *instance) {
 		tl.logf("start %s", in.name)
 		r.must(in.start())
-	case faultFreeze:
-		in := r.inst[p.Slot]
-		tl.logf("SIGSTOP %s", in.name)
-		in.signal(syscall.SIGSTOP)
+	}
+	switch p.Fault {
+	case faultKill:
+		var killed []*instance
+		for _, g := range r.groups {
+			if in := g.inst[p.Slot]; in.running() {
+				killed = append(killed, in)
+			} else {
+				tl.logf("%s is not running (it exited by itself); starting it", in.name)
+				start(in)
+			}
+		}
+		tl.logf("SIGKILL %s", names(killed))
+		r.stopAll(syscall.SIGKILL, killed...)
 		time.Sleep(p.Dur)
-		tl.logf("SIGCONT %s", in.name)
-		in.signal(syscall.SIGCONT)
+		for _, in := range killed {
+			start(in)
+		}
+	case faultFreeze:
+		r.each(p.Slot, func(in *instance) { tl.logf("SIGSTOP %s", in.name); in.signal(syscall.SIGSTOP) })
+		time.Sleep(p.Dur)
+		r.each(p.Slot, func(in *instance) { tl.logf("SIGCONT %s", in.name); in.signal(syscall.SIGCONT) })
 	case faultScaleUp:
-		tl.logf("scale up: start instance-1 and instance-2")
-		r.must(r.inst[1].start())
-		r.must(r.inst[2].start())
+		tl.logf("scale up: start instances 1 and 2")
+		for _, g := range r.groups {
+			start(g.inst[1])
+			start(g.inst[2])
+		}
 	case faultScaleDown:
-		tl.logf("scale down: SIGTERM instance-1 and instance-2")
-		r.stopAll(syscall.SIGTERM, r.inst[1], r.inst[2])
+		tl.logf("scale down: SIGTERM instances 1 and 2")
+		var ins []*instance
+		for _, g := range r.groups {
+			ins = append(ins, g.inst[1], g.inst[2])
+		}
+		r.stopAll(syscall.SIGTERM, ins...)
 	case faultBroker:
 		tl.logf("SIGKILL the broker")
 		r.b.Kill(r.t)
@@ -448,19 +475,28 @@ func (r *run) fault(p phase) {
 		tl.logf("broker answers again")
 	case faultGraceful:
 		var up []*instance
-		for _, in := range r.inst {
-			if in.running() {
-				up = append(up, in)
+		for _, g := range r.groups {
+			for _, in := range g.inst {
+				if in.running() {
+					up = append(up, in)
+				}
 			}
 		}
 		tl.logf("graceful restart: SIGTERM %d instances", len(up))
 		r.stopAll(syscall.SIGTERM, up...)
 		time.Sleep(p.Dur)
 		for _, in := range up {
-			tl.logf("start %s", in.name)
-			r.must(in.start())
+			start(in)
 		}
 	}
+}
+
+func names(ins []*instance) string {
+	var n []string
+	for _, in := range ins {
+		n = append(n, in.name)
+	}
+	return strings.Join(n, ", ")
 }
 
 // stopAll stops the instances at once and waits for all of them.
@@ -493,22 +529,27 @@ func (r *run) note(format string, args ...any) {
 // supervise starts again an instance of the current topology that exited by
 // itself, as an orchestrator would; the exit is noted.
 func (r *run) supervise() {
-	want := 1
-	if r.inst[1].running() || r.inst[2].running() {
-		want = 3
-	}
-	for _, in := range r.inst[:want] {
-		if !in.running() {
-			r.tl.logf("%s exited by itself; starting it again", in.name)
-			r.note("%s exited by itself (%v); end of its log:\n%s", in.name, in.selfExit, in.tail(15))
-			r.must(in.start())
+	for _, g := range r.groups {
+		want := 1
+		if g.inst[1].running() || g.inst[2].running() {
+			want = 3
+		}
+		for _, in := range g.inst[:want] {
+			if !in.running() {
+				r.tl.logf("%s exited by itself; starting it again", in.name)
+				in.mu.Lock()
+				exits := append([]string(nil), in.selfExit...)
+				in.mu.Unlock()
+				r.note("%s exited by itself (%v); end of its log:\n%s", in.name, exits, in.tail(15))
+				r.must(in.start())
+			}
 		}
 	}
 }
 
-func (r *run) selfExits() int {
+func (r *run) selfExits(g *group) int {
 	n := 0
-	for _, in := range r.inst {
+	for _, in := range g.inst {
 		in.mu.Lock()
 		n += len(in.selfExit)
 		in.mu.Unlock()
@@ -517,7 +558,7 @@ func (r *run) selfExits() int {
 }
 
 // finale brings the run to its checks: a settling time with no fault, a last
-// burst of input, then the checkpoints at which the topics are read:
+// burst of input, then the checkpoints at which each group's topics are read:
 //
 //  1. once the input has been quiet for --checkpoint-interval + --idle-timeout
 //     (+ slack): the exactly-once promise is that outputs are visible within
@@ -525,7 +566,7 @@ func (r *run) selfExits() int {
 //     when the input stops is released by the idle timeout;
 //  2. after a SIGTERM of every instance;
 //  3. after one instance is started again with no new input and SIGTERMed.
-func (r *run) finale() []checkpoint {
+func (r *run) finale() {
 	t, tl := r.t, r.tl
 	adm := kafkatest.Admin(t, r.b.Addr)
 
@@ -538,16 +579,18 @@ func (r *run) finale() []checkpoint {
 	sctx, cancel := context.WithTimeout(r.ctx, 2*time.Minute)
 	ends := r.inputEnds(adm)
 	begin := time.Now()
-	for {
-		snap, err := r.raw.catchUp(sctx)
-		if err == nil && covered(snap, ends) == total(ends) && time.Now().After(settle) {
-			break
+	for _, g := range r.groups {
+		for {
+			snap, err := g.raw.catchUp(sctx)
+			if err == nil && covered(snap, ends) == total(ends) && time.Now().After(settle) {
+				break
+			}
+			if sctx.Err() != nil {
+				tl.logf("settle: group %s had not read all %d input offsets after %s (%d covered); going on", g.mode, total(ends), time.Since(begin).Round(time.Second), covered(snap, ends))
+				break
+			}
+			time.Sleep(500 * time.Millisecond)
 		}
-		if sctx.Err() != nil {
-			tl.logf("settle: the processes had not read all %d input offsets after %s (%d covered); going on", total(ends), time.Since(begin).Round(time.Second), covered(snap, ends))
-			break
-		}
-		time.Sleep(500 * time.Millisecond)
 	}
 	cancel()
 	tl.logf("settled in %s", time.Since(begin).Round(100*time.Millisecond))
@@ -561,58 +604,67 @@ func (r *run) finale() []checkpoint {
 
 	// Checkpoint 1: poll until every input offset has an output, at most
 	// --checkpoint-interval + --idle-timeout + slack after the input stopped.
-	wait := checkpointInterval + idleTimeout + r.env.slack
-	deadline := quiet.Add(wait)
-	var snap map[srcKey][]output
-	for {
-		cctx, cancel := context.WithDeadline(r.ctx, deadline.Add(10*time.Second))
-		s, err := r.live.catchUp(cctx)
-		cancel()
-		if err == nil {
-			snap = s
-		} else {
-			tl.logf("reading the outputs: %v", err)
+	deadline := quiet.Add(checkpointInterval + idleTimeout + r.env.slack)
+	label := fmt.Sprintf("checkpoint 1 (input quiet for --checkpoint-interval %s + --idle-timeout %s + slack %s)", checkpointInterval, idleTimeout, r.env.slack)
+	for _, g := range r.groups {
+		var snap map[srcKey][]output
+		for {
+			cctx, cancel := context.WithDeadline(r.ctx, deadline.Add(10*time.Second))
+			s, err := g.live.catchUp(cctx)
+			cancel()
+			if err == nil {
+				snap = s
+			} else {
+				tl.logf("reading the outputs of %s: %v", g.mode, err)
+			}
+			if snap != nil && covered(snap, ends) == total(ends) {
+				tl.logf("checkpoint 1, %s: all %d input offsets have an output %s after the input went quiet", g.mode, total(ends), time.Since(quiet).Round(100*time.Millisecond))
+				break
+			}
+			if time.Now().After(deadline) {
+				tl.logf("checkpoint 1, %s: %d of %d input offsets have an output %s after the input went quiet", g.mode, covered(snap, ends), total(ends), time.Since(quiet).Round(100*time.Millisecond))
+				break
+			}
+			time.Sleep(500 * time.Millisecond)
 		}
-		if snap != nil && covered(snap, ends) == total(ends) {
-			tl.logf("checkpoint 1: all %d input offsets have an output %s after the input went quiet", total(ends), time.Since(quiet).Round(100*time.Millisecond))
-			break
-		}
-		if time.Now().After(deadline) {
-			tl.logf("checkpoint 1: %d of %d input offsets have an output %s after the input went quiet", covered(snap, ends), total(ends), time.Since(quiet).Round(100*time.Millisecond))
-			break
-		}
-		time.Sleep(500 * time.Millisecond)
+		g.cps = append(g.cps, checkpoint{label: label, eos: g.eos, outs: snap})
 	}
-	cps := []checkpoint{{label: fmt.Sprintf("checkpoint 1 (input quiet for --checkpoint-interval %s + --idle-timeout %s + slack %s)", checkpointInterval, idleTimeout, r.env.slack), eos: r.cell.eos, outs: snap}}
 
 	// Checkpoint 2: every instance stopped gracefully.
 	var up []*instance
-	for _, in := range r.inst {
-		if in.running() {
-			up = append(up, in)
+	for _, g := range r.groups {
+		for _, in := range g.inst {
+			if in.running() {
+				up = append(up, in)
+			}
 		}
 	}
 	tl.logf("SIGTERM every instance (%d)", len(up))
 	r.stopAll(syscall.SIGTERM, up...)
-	cps = append(cps, checkpoint{label: "checkpoint 2 (after a SIGTERM of every instance)", eos: r.cell.eos, outs: r.read()})
+	for _, g := range r.groups {
+		g.cps = append(g.cps, checkpoint{label: "checkpoint 2 (after a SIGTERM of every instance)", eos: g.eos, outs: r.read(g)})
+	}
 
 	// Checkpoint 3: a restart with no new input, then SIGTERM again.
-	tl.logf("start instance-0 with no new input")
-	r.must(r.inst[0].start())
+	tl.logf("start instance 0 of each group with no new input")
+	for _, g := range r.groups {
+		r.must(g.inst[0].start())
+	}
 	time.Sleep(checkpointInterval + idleTimeout + 4*time.Second) // joining the group and restoring take about a second or two
-	tl.logf("SIGTERM instance-0")
-	r.stopAll(syscall.SIGTERM, r.inst[0])
-	cps = append(cps, checkpoint{label: "checkpoint 3 (after a restart with no new input and another SIGTERM)", eos: r.cell.eos, outs: r.read()})
-	return cps
+	tl.logf("SIGTERM instance 0 of each group")
+	r.stopAll(syscall.SIGTERM, r.groups[0].inst[0], r.groups[1].inst[0])
+	for _, g := range r.groups {
+		g.cps = append(g.cps, checkpoint{label: "checkpoint 3 (after a restart with no new input and another SIGTERM)", eos: g.eos, outs: r.read(g)})
+	}
 }
 
-// read waits for the live collector to reach the topics' ends.
-func (r *run) read() map[srcKey][]output {
+// read waits for a group's reader to reach the topics' ends.
+func (r *run) read(g *group) map[srcKey][]output {
 	ctx, cancel := context.WithTimeout(r.ctx, time.Minute)
 	defer cancel()
-	snap, err := r.live.catchUp(ctx)
+	snap, err := g.live.catchUp(ctx)
 	if err != nil {
-		r.t.Fatalf("read the outputs: %v", err)
+		r.t.Fatalf("read the outputs of %s: %v", g.mode, err)
 	}
 	return snap
 }
@@ -704,27 +756,28 @@ func (r *run) replay(bin, addr, out, dlq string) map[srcKey][]output {
 }
 
 // summary logs what the run did and saw, pass or fail.
-func (r *run) summary(ends map[int32]int64, cps []checkpoint) {
-	last := cps[len(cps)-1].outs
-	repeats := 0
-	for _, os := range last {
-		repeats += len(os) - 1
-	}
-	extra := ""
-	if r.cell.eos {
-		raw, err := r.raw.catchUp(r.ctx)
-		if err == nil {
-			n := 0
-			for _, os := range raw {
-				n += len(os)
-			}
-			extra = fmt.Sprintf("; a read_uncommitted reader sees %d records (aborted transactions included)", n)
+func (r *run) summary(ends map[int32]int64) {
+	for _, g := range r.groups {
+		last := g.cps[len(g.cps)-1].outs
+		repeats := 0
+		for _, os := range last {
+			repeats += len(os) - 1
 		}
+		extra := ""
+		if g.eos {
+			if raw, err := g.raw.catchUp(r.ctx); err == nil {
+				n := 0
+				for _, os := range raw {
+					n += len(os)
+				}
+				extra = fmt.Sprintf("; a read_uncommitted reader sees %d records (aborted transactions included)", n)
+			}
+		}
+		starts := 0
+		for _, in := range g.inst {
+			starts += in.starts
+		}
+		r.tl.logf("summary, %s: %d input offsets, %d outputs repeated%s; %d process starts, %d exits nobody asked for; faults %v",
+			g.mode, total(ends), repeats, extra, starts, r.selfExits(g), r.faults)
 	}
-	starts := 0
-	for _, in := range r.inst {
-		starts += in.starts
-	}
-	r.tl.logf("summary: %d input offsets, %d outputs repeated%s; %d process starts, %d exits nobody asked for; faults %v",
-		total(ends), repeats, extra, starts, r.selfExits(), r.faults)
 }
