@@ -88,10 +88,10 @@ bench-peers:
 	python3 bench/python/seed_window.py $(BENCH_DIR)/seq-100k.bin --passes 5
 	VELOCITY_BENCH_SEQ=$(BENCH_DIR)/seq-100k.bin $(GO) test -run '^$$' -bench SeedSequence -count 5 ./cmd/velocity-bench/
 
-# Issue 21: the randomized fault checker's long schedules (docs/fault-checker.md). Each of
-# the 4 cells (default/--exactly-once x kafka/file store) runs CHAOS_RUNS random seeds, or
-# the seeds in CHAOS_SEEDS (comma-separated), each a schedule of about CHAOS_DURATION plus
-# two minutes of final checks. It starts a private broker of its own (Java 17 + Maven).
+# Issue 21: the randomized fault checker's long schedules (docs/fault-checker.md). Each
+# store (kafka, file) runs CHAOS_RUNS random seeds, or the seeds in CHAOS_SEEDS
+# (comma-separated): a schedule of about CHAOS_DURATION plus a minute or two of final
+# checks, against a default-mode and an --exactly-once group at once. It starts a private broker of its own (Java 17 + Maven).
 # Logs of every run are kept under CHAOS_LOGS; one line per run is appended to CHAOS_REPORT.
 CHAOS_DURATION ?= 10m
 CHAOS_RUNS ?= 1
@@ -99,11 +99,11 @@ CHAOS_SEEDS ?=
 CHAOS_LOGS ?= bin/chaos
 CHAOS_REPORT ?= $(CHAOS_LOGS)/report.tsv
 CHAOS_TIMEOUT ?= 6h
-# One cell only, e.g. CHAOS_CELLS=eos-kafka (a -run pattern for the cell)
-CHAOS_CELLS ?=
+# One store only: CHAOS_STORES=kafka or CHAOS_STORES=file
+CHAOS_STORES ?=
 chaos:
 	mkdir -p $(CHAOS_LOGS)
 	VELOCITY_REQUIRE_KAFKA=1 VELOCITY_CHAOS_DURATION=$(CHAOS_DURATION) VELOCITY_CHAOS_RUNS=$(CHAOS_RUNS) \
 		VELOCITY_CHAOS_SEED=$(CHAOS_SEEDS) VELOCITY_CHAOS_LOGS=$(abspath $(CHAOS_LOGS)) \
 		VELOCITY_CHAOS_REPORT=$(abspath $(CHAOS_REPORT)) \
-		$(GO) test -tags integration -count=1 -v -timeout $(CHAOS_TIMEOUT) -run 'TestChaos$$/$(CHAOS_CELLS)' $(GOTESTFLAGS) ./integration/chaos/
+		$(GO) test -tags integration -count=1 -v -timeout $(CHAOS_TIMEOUT) -run 'TestChaos$$/$(CHAOS_STORES)' $(GOTESTFLAGS) ./integration/chaos/
