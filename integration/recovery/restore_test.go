@@ -208,7 +208,8 @@ func TestExactlyOnceStepsBackFromAnUncommittedSnapshot(t *testing.T) {
 			if err != nil {
 				t.Fatalf("load %s: %v", key, err)
 			}
-			if err := st.Save(rc.ctx, key, checkpoint.Snapshot{Next: l.Next + 50, State: l.State}); err != nil {
+			// As the owner itself would have: its epoch, its next seq.
+			if err := st.Save(rc.ctx, key, checkpoint.Snapshot{Next: l.Next + 50, State: l.State, Epoch: l.Epoch, Seq: l.Seq + 1}); err != nil {
 				t.Fatal(err)
 			}
 		}

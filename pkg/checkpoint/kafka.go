@@ -500,7 +500,7 @@ func (st *manifestState) apply(want string, r *kgo.Record) {
 	if err != nil {
 		return // a corrupt manifest record: the one before stands
 	}
-	if !st.found || m.Epoch >= st.eff.Epoch {
+	if m.Epoch >= st.eff.Epoch {
 		st.eff, st.found = m, true
 	}
 }

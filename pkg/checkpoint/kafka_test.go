@@ -259,3 +259,50 @@ func TestKafkaStoreLoadThroughAStall(t *testing.T) {
 		t.Fatalf("only %d fetches: the stall was not injected", stalled.Load())
 	}
 }
+
+// TestManifestStateIgnoresOlderOwners: the reader's rule over the manifest
+// partition, record by record. A manifest of an older owner that lands after
+// a newer owner's claim (it passed its fence check just before the claim) is
+// never effective; a tombstone forgets the entries but not the epoch.
+func TestManifestStateIgnoresOlderOwners(t *testing.T) {
+	key := Key{Group: "g", Topic: "t", Partition: 0}
+	want := string(manifestKey(key))
+	e := func(gen uint64) entry {
+		return entry{Gen: gen, Nonce: gen, Next: int64(gen) * 10, Chunks: 1, Length: 30, Partition: 1}
+	}
+	m := func(epoch uint64, cur, prev uint64) []byte {
+		mf := manifest{Epoch: epoch, HasCur: true, Cur: e(cur)}
+		if prev > 0 {
+			mf.HasPrev, mf.Prev = true, e(prev)
+		}
+		return mf.encode()
+	}
+	const old, newer = 1 << 32, 2 << 32
+	recs := []struct {
+		key      string
+		value    []byte
+		wantCur  uint64 // effective Cur.Gen after the record (0: none)
+		wantEpoc uint64
+	}{
+		{want, m(old, 1, 0), 1, old},
+		{"m/other/key/0", m(9<<32, 7, 0), 1, old}, // another partition's manifest
+		{want, m(old, 2, 1), 2, old},
+		{want, manifest{Epoch: newer, HasCur: true, Cur: e(2), HasPrev: true, Prev: e(1)}.encode(), 2, newer}, // the claim
+		{want, m(old, 3, 2), 2, newer}, // the old owner, too late
+		{want, []byte("garbage"), 2, newer},
+		{want, m(newer, 3, 2), 3, newer},
+		{want, nil, 0, newer}, // deleted
+		{want, m(old, 4, 0), 0, newer},
+	}
+	st := manifestState{seen: -1}
+	for i, r := range recs {
+		st.apply(want, &kgo.Record{Key: []byte(r.key), Value: r.value, Offset: int64(i)})
+		cur := uint64(0)
+		if st.found {
+			cur = st.eff.Cur.Gen
+		}
+		if cur != r.wantCur || st.eff.Epoch != r.wantEpoc || st.seen != int64(i) {
+			t.Fatalf("after record %d: effective gen %d epoch %#x seen %d; want gen %d epoch %#x seen %d", i, cur, st.eff.Epoch, st.seen, r.wantCur, r.wantEpoc, i)
+		}
+	}
+}

@@ -919,7 +919,7 @@ func (s *Service) restore(ctx context.Context, p int32, committed int64, meta st
 		}
 		if stepBack {
 			s.m.SnapshotStepBacks.Inc()
-			s.log.Warn("exactly-once: newest snapshot is not the committed transaction's (a crash between save and commit); resuming from the previous one",
+			s.log.Warn("exactly-once: newest snapshot is ahead of the committed transaction (saved, and its transaction never committed: a crash between save and commit); resuming from the previous one",
 				zap.Int32("partition", p), zap.Int64("committed", committed), zap.Int64("discarded_next", loaded.Next))
 			// Invariant: the store's previous snapshot always matches a
 			// committed transaction. Save the one we resume from again, with
