@@ -54,6 +54,8 @@ func TestChaosChecksFire(t *testing.T) {
 			[]string{"differ from replay's", `velocity.reason "duplicate", want "late"`, "partition 0: 1 offsets: 1"}},
 		{"beyond the input", false, map[srcKey][]output{{0, 0}: {feat("a", 1, 0)}, {0, 1}: {dead("late")}, {0, 2}: {feat("c", 2, 2)}, {0, 7}: {dead("late")}},
 			[]string{"outputs name no input record", "names input 0/7"}},
+		{"another topic", false, map[srcKey][]output{{0, 0}: {feat("a", 1, 0)}, {0, 1}: {dead("late")}, {0, 2}: {feat("c", 2, 2), func() output { o := feat("c", 2, 2); o.srcTopic = "other"; return o }()}},
+			[]string{"outputs name no input record", `names source topic "other"`}},
 	}
 	for _, c := range cases {
 		got := strings.Join(check(checkpoint{label: "cp", eos: c.eos, outs: c.outs}, in), "\n")

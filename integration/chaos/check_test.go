@@ -141,9 +141,12 @@ func check(cp checkpoint, in verdictInput) []string {
 			continue
 		}
 		for _, o := range os {
-			if o.srcTopic != in.inputTopic && strayExample == "" {
+			if o.srcTopic != in.inputTopic {
 				stray.add(k)
-				strayExample = fmt.Sprintf("%s names source topic %q, not %q", o.at, o.srcTopic, in.inputTopic)
+				if strayExample == "" {
+					strayExample = fmt.Sprintf("%s names source topic %q, not %q", o.at, o.srcTopic, in.inputTopic)
+				}
+				break
 			}
 		}
 	}

@@ -11,10 +11,11 @@
 // separated by quiet periods longer than --idle-timeout, and, at seeded moments,
 // SIGKILL of a random instance, SIGSTOP past --session-timeout then SIGCONT, a
 // rebalance 1 → 3 → 1 of separate processes, a broker crash and restart, and a
-// graceful SIGTERM of every instance with a restart and no new input. Every
-// schedule runs in both modes (default and --exactly-once) against both
-// checkpoint stores (kafka, and a file:// directory per instance so that a
-// partition that moves meets stale snapshots).
+// graceful SIGTERM of every instance with a restart and no new input. Each
+// schedule runs for one checkpoint store (kafka, or a file:// directory per
+// instance so that a partition that moves meets stale snapshots) against two
+// consumer groups on the same input at once, one in the default mode and one
+// with --exactly-once, so two schedules cover the matrix.
 //
 // The checks (check_test.go, where each invariant is written above the code
 // that checks it) read the input, features and dead-letter topics only, and

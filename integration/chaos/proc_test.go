@@ -173,7 +173,7 @@ type timeline struct {
 	begin time.Time
 	mu    sync.Mutex
 	f     *os.File
-	logf_ func(string, ...any)
+	echo  func(string, ...any) // the test log
 }
 
 func newTimeline(dir string, logf func(string, ...any)) (*timeline, error) {
@@ -181,7 +181,7 @@ func newTimeline(dir string, logf func(string, ...any)) (*timeline, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &timeline{begin: time.Now(), f: f, logf_: logf}, nil
+	return &timeline{begin: time.Now(), f: f, echo: logf}, nil
 }
 
 func (tl *timeline) now() string {
@@ -193,7 +193,7 @@ func (tl *timeline) logf(format string, args ...any) {
 	tl.mu.Lock()
 	defer tl.mu.Unlock()
 	fmt.Fprintln(tl.f, line)
-	tl.logf_("%s", line)
+	tl.echo("%s", line)
 }
 
 func (tl *timeline) close() { tl.f.Close() }
