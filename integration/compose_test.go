@@ -110,8 +110,8 @@ func runHelp(t *testing.T, root string) string {
 	}
 	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	// The help goes to stderr with exit status 0; a flag package that exits 2 on --help
-	// still prints it, so the text decides, not the status.
+	// The help goes to stdout with exit status 0 (TestHelpGoesToStdout holds that);
+	// both streams are read so that the text decides here, not where it went.
 	out, err := exec.CommandContext(ctx, bin, "run", "--help").CombinedOutput()
 	if err != nil {
 		t.Logf("velocity-consumer run --help: %v", err)

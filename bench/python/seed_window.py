@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Peer 2 of issue 9: the seed library's (stream-velocity) windowing, in CPython.
+"""The seed library's (stream-velocity) windowing in CPython, the second peer of the
+end-to-end comparison (BENCHMARKS.md, "Against Kafka Streams and the seed Python library").
 
-The approach DESIGN.md describes: per entity, a ring of N time buckets with a running
+The seed library's approach: per entity, a ring of N time buckets with a running
 count and a running float sum over the ring, so that a write and a read are O(1)
 (amortised: advancing the ring clears the slots of the buckets that left the window).
 This script applies an event sequence written by `velocity-bench seq` to one window
@@ -9,11 +10,12 @@ This script applies an event sequence written by `velocity-bench seq` to one win
 the per-event cost of update+read; cmd/velocity-bench's BenchmarkSeedSequence measures
 ours (pkg/window Table.Apply) on the same file.
 
-Faithful to the seed, on purpose: sums are floats (the drift of DESIGN's lesson 2),
+Faithful to the seed, on purpose: sums are floats (they drift, which our integer sums avoid),
 there is no validation, and an old event is written into whatever its ring slot holds.
 Fixed, so both sides do the same work: the window holds N buckets, not N-1 (the seed's
-eviction off-by-one, lesson 3). Only count and sum are kept (the seed had no min/max);
-ours computes count, sum, min and max, i.e. more work per event.
+eviction off-by-one, which pkg/window's TestLesson3WindowHoldsAllNBuckets keeps out of
+ours). Only count and sum are kept (the seed had no min/max); ours computes count, sum,
+min and max, i.e. more work per event.
 
 Usage: python3 bench/python/seed_window.py SEQ_FILE [--window-ms 300000 --bucket-ms 5000 --passes 5]
 """
@@ -61,8 +63,9 @@ class Ring:
                     sums[s] = 0.0
             self.newest = k
         # An older event (k < newest) goes into slot k mod n whatever that slot holds:
-        # the seed's behaviour (lesson 1); the 2 s disorder of the workload stays inside
-        # the window, so it never overwrites a live bucket here.
+        # the seed's behaviour (the overwrite that pkg/window's TestLesson1 keeps out of
+        # ours); the 2 s disorder of the workload stays inside the window, so it never
+        # overwrites a live bucket here.
         s = k % self.n
         self.counts[s] += 1
         self.sums[s] += amount

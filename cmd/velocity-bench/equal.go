@@ -17,7 +17,7 @@ import (
 	"github.com/velocity-consumer/velocity-consumer/pkg/window"
 )
 
-// cmdEqual is issue 9's equality check: ours and the Kafka Streams peer on one seeded
+// cmdEqual checks that ours and the Kafka Streams peer compute the same features: on one seeded
 // workload, every output compared field by field per input (partition, offset), every
 // difference explained by a model of each side's semantics (equalcmp.go).
 func cmdEqual(ctx context.Context, args []string) error {

@@ -61,7 +61,7 @@ type modelRec struct {
 	BehindEntity    bool // event time < its entity's newest so far
 	Expired         bool // its bucket had left some window of its entity
 	AfterExpired    bool // its entity had an expired event before it (states may diverge)
-	// LiteralDiffers: a late event whose windows, read literally by DESIGN.md ("counted
+	// LiteralDiffers: a late event whose windows, read literally by the window rule ("counted
 	// events in buckets k−N+1 … k that come at or before e in (event_time, offset)
 	// order"), differ from the whole-bucket read both processors do. Informational.
 	LiteralDiffers bool
@@ -458,7 +458,7 @@ func (r equalReport) text() string {
 	writeCounts(&sb, "differing records by cause", r.RecordsByCause)
 	writeCounts(&sb, "ours against the model of its semantics, by field", r.OursVsModel)
 	writeCounts(&sb, "Streams against the model of its semantics, by field", r.PeerVsModel)
-	fmt.Fprintf(&sb, "late events whose whole-bucket windows differ from DESIGN.md's literal reading: %d\n", r.LiteralDiffers)
+	fmt.Fprintf(&sb, "late events whose whole-bucket windows differ from the window rule's literal reading: %d\n", r.LiteralDiffers)
 	if len(r.Examples) > 0 {
 		sb.WriteString("first differing records:\n")
 		for _, e := range r.Examples {

@@ -1,6 +1,7 @@
 // Command velocity-bench measures velocity-consumer end to end on a real Kafka broker,
-// side by side with its peers, in one invocation (issue 9, and issue 6's end-to-end
-// numbers).
+// side by side with its peers (a Kafka Streams processor and the seed Python library),
+// in one invocation, so that every processor sees the same workload and the same
+// machine.
 //
 //	velocity-bench compare    produce seeded workloads, run each processor over them, report medians and ratios
 //	velocity-bench summarize  print the tables of a results file written by compare

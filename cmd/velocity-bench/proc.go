@@ -14,7 +14,8 @@ import (
 
 // ProcSpec names a processor under test: "ours" or "kstreams", then options joined by
 // ':' — "eos" (exactly-once: our --exactly-once, Streams' exactly_once_v2) and, for ours,
-// "late=DUR" (--allowed-lateness, default 0 as in issue 6).
+// "late=DUR" (--allowed-lateness, default 0: the pipeline's latency without the
+// reorder wait).
 type ProcSpec struct {
 	Kind     string // "ours" | "kstreams"
 	EOS      bool

@@ -86,8 +86,9 @@ func ratio(runs []Result, mode, ours, peer string, entities, rate int, f func(Re
 	return Median(xs)
 }
 
-// Report renders the results as the Markdown tables BENCHMARKS.md carries: medians
-// over rounds of each cell, and the ratio ours/peer per round, medianed.
+// Report renders the results as Markdown tables: medians over rounds of each cell,
+// and the ratio ours/peer per round, medianed, so that the noise a round shares
+// with its peer mostly cancels.
 func Report(all []Result) string {
 	var groups []*group
 	index := map[string]*group{}

@@ -30,7 +30,7 @@ type Workload struct {
 	StepMicros int64
 }
 
-// DefaultWorkload is issue 9's workload over the given number of entities: 1 % of events
+// DefaultWorkload is the comparison's workload over the given number of entities: 1 % of events
 // up to 2 s out of order, and an event time that advances 3.6 ms per event, so 1 M events
 // span one hour (every window, up to 24 h, fills and the short ones turn over).
 func DefaultWorkload(entities, events int) Workload {

@@ -100,6 +100,17 @@ func (c *connFlags) options(k kafkaconn.Config) ([]kgo.Opt, error) {
 	return append(opts, comp), nil
 }
 
+// validate checks the connection flags without logging anything, for a
+// command that turns out not to connect.
+func (c *connFlags) validate() error {
+	k, err := c.kafka()
+	if err != nil {
+		return err
+	}
+	_, err = c.options(k)
+	return err
+}
+
 // clientOpts returns the franz-go options for the flags and logs the
 // connection's shape once (protocol, mechanism, user; never a password).
 func (c *connFlags) clientOpts(log *zap.Logger) ([]kgo.Opt, kafkaconn.Config, error) {

@@ -35,21 +35,29 @@ entities with a few heavy hitters, out-of-order jitter, and some late, duplicate
 and malformed records), and the live service as in 'run'. Prints a live view
 every second and, at the end, checks the accounting invariant by reading the
 output and dead-letter topics back: every input offset yields exactly one
-features record or one dead letter. Ends after --duration or on Ctrl-C.`
+features record or one dead letter. Then it prints a few features records,
+decoded. Ends after --duration or on Ctrl-C; with --keep-running the broker
+stays up afterwards, with its topics, for kcat or any Kafka client, until
+Ctrl-C.
+
+The latency it reports includes the reorder wait: an event is held until the
+watermark (the partition's newest event time minus --allowed-lateness) passes
+it, so an in-order event waits about --allowed-lateness before its features
+go out. '--allowed-lateness 0' shows the pipeline without that wait (and
+turns every out-of-order event into a late one).`
 
 type demoFlags struct {
-	duration   time.Duration
-	rate       int
-	entities   int
-	partitions int
-	seed       uint64
-	logLevel   string
-	pipe       pipelineFlags
+	duration    time.Duration
+	rate        int
+	entities    int
+	partitions  int
+	seed        uint64
+	logLevel    string
+	keepRunning bool
+	pipe        pipelineFlags
 }
 
-func cmdDemo(ctx context.Context, args []string) error {
-	var d demoFlags
-	e := newEnvFlags("demo", demoUsage)
+func (d *demoFlags) register(e *envFlags) {
 	e.Duration(&d.duration, "duration", 20*time.Second, "how long the generator runs")
 	e.Int(&d.rate, "rate", 5000, "transactions per second to generate")
 	e.Int(&d.entities, "entities", 50_000, "distinct entities (Zipf-distributed)")
@@ -57,10 +65,23 @@ func cmdDemo(ctx context.Context, args []string) error {
 	e.fs.Uint64Var(&d.seed, "seed", 1, "generator seed")
 	e.env["seed"] = envName("seed")
 	e.String(&d.logLevel, "log-level", "warn", "service log level (the live view is printed regardless)")
+	e.Bool(&d.keepRunning, "keep-running", false, "after the summary, keep the in-process broker and its topics up until Ctrl-C, and print its address and kcat commands to look around")
 	d.pipe.register(e)
+}
+
+func cmdDemo(ctx context.Context, args []string) error {
+	var d demoFlags
+	e := newEnvFlags("demo", demoUsage)
+	d.register(e)
 	if err := e.Parse(args); err != nil {
 		return err
 	}
+	return runDemo(ctx, &d, os.Stdout)
+}
+
+// runDemo runs the demo, printing to out. ctx ends the generator early
+// (Ctrl-C) and, with --keep-running, the wait after the summary.
+func runDemo(ctx context.Context, d *demoFlags, out io.Writer) error {
 	if d.duration <= 0 || d.rate <= 0 || d.entities <= 0 || d.partitions <= 0 {
 		return errors.New("--duration, --rate, --entities and --partitions must be positive")
 	}
@@ -81,10 +102,11 @@ func cmdDemo(ctx context.Context, args []string) error {
 	}
 	defer cluster.Close()
 	brokers := cluster.ListenAddrs()
-	out := os.Stdout
 	fmt.Fprintf(out, "in-process Kafka broker at %s; topics %s (%d partitions), %s, %s\n", brokers[0], input, d.partitions, output, dlq)
-	fmt.Fprintf(out, "windows %s, allowed lateness %s, late policy %s; generating %d tx/s over %d entities for %s\n\n",
+	fmt.Fprintf(out, "windows %s, allowed lateness %s, late policy %s; generating %d tx/s over %d entities for %s\n",
 		d.pipe.windows, d.pipe.allowedLateness, st.late, d.rate, d.entities, d.duration)
+	fmt.Fprintf(out, "latency is arrival at the consumer to the broker's ack of the features record; it includes the reorder wait\n"+
+		"of up to --allowed-lateness (%s): an event is released once the watermark passes it\n\n", d.pipe.allowedLateness)
 
 	view := newLiveView(st.specs)
 	reg := prometheus.NewRegistry()
@@ -107,7 +129,7 @@ func cmdDemo(ctx context.Context, args []string) error {
 	svcDone := make(chan error, 1)
 	go func() { svcDone <- svc.Run(svcCtx) }()
 
-	gen, err := newGenerator(brokers, input, d)
+	gen, err := newGenerator(brokers, input, *d)
 	if err != nil {
 		return err
 	}
@@ -157,7 +179,22 @@ loop:
 	case <-time.After(60 * time.Second):
 		return errors.New("service did not shut down within 60s")
 	}
-	return summarize(out, brokers, input, output, dlq, produced, view, time.Since(start), reg)
+	sumErr := summarize(out, brokers, input, output, dlq, produced, view, time.Since(start), reg, d.pipe.allowedLateness)
+	if !d.keepRunning {
+		return sumErr
+	}
+	if interrupted {
+		fmt.Fprintln(out, "\n--keep-running: interrupted, so the broker stops now")
+		return sumErr
+	}
+	a := brokers[0]
+	fmt.Fprintf(out, "\n--keep-running: the in-process broker stays up at %s with its topics until Ctrl-C. To look around:\n", a)
+	fmt.Fprintf(out, "  kcat -b %s -L\n", a)
+	fmt.Fprintf(out, "  kcat -b %s -C -t %s -e -c 5 -f 'p%%p@%%o key %%k: %%S bytes of Avro VelocityFeatures\\n'\n", a, output)
+	fmt.Fprintf(out, "  kcat -b %s -C -t %s -e -f 'p%%p@%%o %%h\\n'   (dead letters: reason, error and source in headers)\n", a, dlq)
+	<-ctx.Done()
+	fmt.Fprintln(out, "stopping the broker")
+	return sumErr
 }
 
 // generator produces synthetic transactions with the faults the pipeline must
@@ -386,7 +423,7 @@ func bucketQuantile(h *dto.Histogram, q float64) float64 {
 
 // summarize reads the output and dead-letter topics back and checks that every
 // input offset is accounted for exactly once.
-func summarize(w io.Writer, brokers []string, input, output, dlq string, produced int64, v *liveView, elapsed time.Duration, reg *prometheus.Registry) error {
+func summarize(w io.Writer, brokers []string, input, output, dlq string, produced int64, v *liveView, elapsed time.Duration, reg *prometheus.Registry, lateness time.Duration) error {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(output, dlq), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
 		return err
@@ -399,6 +436,7 @@ func summarize(w io.Writer, brokers []string, input, output, dlq string, produce
 	seen := make(map[src]int, produced)
 	var features, dead, dups int64
 	deadBy := map[string]int64{}
+	latest := map[string]sample{} // entity -> its last features record read
 	idle := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -416,6 +454,7 @@ func summarize(w io.Writer, brokers []string, input, output, dlq string, produce
 				}
 				features++
 				s = src{f.SourcePartition, f.SourceOffset}
+				latest[f.EntityID] = sample{f: f, p: r.Partition, off: r.Offset}
 			} else {
 				dead++
 				for _, h := range r.Headers {
@@ -451,10 +490,55 @@ func summarize(w io.Writer, brokers []string, input, output, dlq string, produce
 	fmt.Fprintln(w)
 	p50, p99 := histQuantile(reg, "velocity_event_to_feature_latency_seconds", 0.5), histQuantile(reg, "velocity_event_to_feature_latency_seconds", 0.99)
 	fmt.Fprintf(w, "  latency             p50 %.1f ms, p99 %.1f ms (arrival at the consumer to broker ack)\n", p50*1e3, p99*1e3)
+	fmt.Fprintf(w, "                      including the reorder wait of up to --allowed-lateness (%s); --allowed-lateness 0 leaves it out\n", lateness)
+	printSamples(w, brokers[0], output, latest, 3)
 	if int64(len(seen)) == produced && dups == 0 {
 		fmt.Fprintf(w, "  accounting          OK: each of the %d input offsets has exactly one output\n", produced)
 		return nil
 	}
 	fmt.Fprintf(w, "  accounting          MISMATCH: %d of %d input offsets accounted for, %d repeated\n", len(seen), produced, dups)
 	return fmt.Errorf("accounting invariant broken: %d of %d input offsets accounted for, %d repeated", len(seen), produced, dups)
+}
+
+// sample is a features record read back, with where it was read.
+type sample struct {
+	f   codec.Features
+	p   int32
+	off int64
+}
+
+// printSamples prints the latest features record of the n entities with the
+// most events in their first window, decoded, and where each one is.
+func printSamples(w io.Writer, broker, topic string, latest map[string]sample, n int) {
+	all := make([]sample, 0, len(latest))
+	for _, s := range latest {
+		if len(s.f.Windows) > 0 {
+			all = append(all, s)
+		}
+	}
+	sort.Slice(all, func(i, j int) bool {
+		a, b := all[i].f.Windows[0].Count, all[j].f.Windows[0].Count
+		return a > b || a == b && all[i].f.EntityID < all[j].f.EntityID
+	})
+	if len(all) > n {
+		all = all[:n]
+	}
+	if len(all) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nfeatures records, decoded (the latest of the %d busiest entities; topic %s on %s, plain Avro VelocityFeatures):\n", len(all), topic, broker)
+	for _, s := range all {
+		f := &s.f
+		prev := "null (first event)"
+		if f.HasPrevious {
+			prev = strconv.FormatInt(f.MsSincePrevious, 10) + " ms"
+		}
+		fmt.Fprintf(w, "  %s partition %d offset %d, key %q: event %s at %s, late=%v, ms_since_previous %s, from %s/%d@%d\n",
+			topic, s.p, s.off, f.EntityID, f.EventID, time.UnixMilli(f.EventTime).UTC().Format("15:04:05.000"), f.Late, prev,
+			f.SourceTopic, f.SourcePartition, f.SourceOffset)
+		for _, win := range f.Windows {
+			fmt.Fprintf(w, "      %-4s count %4d  sum_minor %9d  min %6d  max %6d\n", win.Name, win.Count, win.SumMinor, win.MinMinor, win.MaxMinor)
+		}
+	}
+	fmt.Fprintln(w)
 }

@@ -35,6 +35,9 @@ type envFlags struct {
 
 func newEnvFlags(name, usage string) *envFlags {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	// --help is asked for: it goes to stdout (so that 'run --help | less'
+	// shows it) and the command exits 0. Mistakes are returned as errors.
+	fs.SetOutput(os.Stdout)
 	e := &envFlags{fs: fs, env: map[string]string{}}
 	fs.Usage = func() {
 		out := fs.Output()

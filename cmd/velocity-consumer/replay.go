@@ -118,7 +118,13 @@ func runReplay(ctx context.Context, r *replayFlags, log *zap.Logger) error {
 		log.Debug("--idle-timeout is live-only; replay flushes at the end of the range instead")
 	}
 
-	if r.clientOpts, _, err = r.conn.clientOpts(log); err != nil {
+	if r.needsKafka() {
+		if r.clientOpts, _, err = r.conn.clientOpts(log); err != nil {
+			return err
+		}
+	} else if err := r.conn.validate(); err != nil {
+		// A file-to-file replay connects to no broker, so it says nothing
+		// about a connection; a mistake in the connection flags is still one.
 		return err
 	}
 	kc, _ := r.conn.kafka()
@@ -227,6 +233,12 @@ func runReplay(ctx context.Context, r *replayFlags, log *zap.Logger) error {
 		log.Warn("dead letters were counted but not written: give --dlq to keep them", zap.Int64("dead_letters", res.Dead))
 	}
 	return nil
+}
+
+// needsKafka says whether the replay talks to brokers: a topic input or a
+// topic output. A file replayed to files does not.
+func (r *replayFlags) needsKafka() bool {
+	return r.inputFile == "" || strings.HasPrefix(r.output, "topic:") || strings.HasPrefix(r.dlq, "topic:")
 }
 
 // checkRange refuses bounds that are out of order where that is known
@@ -349,6 +361,7 @@ func (o *outputs) open(ctx context.Context, r *replayFlags, spec string, st sett
 			if o.kafka, err = replay.NewKafkaSink(ctx, splitList(r.brokers), host, r.clientOpts...); err != nil {
 				return nil, err
 			}
+			o.kafka.SetBuild(readBuildInfo().header())
 			o.sinks = append(o.sinks, o.kafka)
 		}
 		if err := o.kafka.EnsureTopic(ctx, flagName, topic, r.inputTopic); err != nil {

@@ -86,7 +86,7 @@ func TestReplayCommandMatchesRunFlags(t *testing.T) {
 	}
 }
 
-// TestReplayCommandFiles runs the command on the EXAMPLES file to each file
+// TestReplayCommandFiles runs the command on the worked example to each file
 // output and checks the outputs exist under their final names only.
 func TestReplayCommandFiles(t *testing.T) {
 	for _, out := range []string{"f.jsonl", "f.parquet"} {
@@ -211,8 +211,8 @@ func TestProgressSnapshot(t *testing.T) {
 }
 
 // TestReplayWarnsAtMaxEntities: when the --max-entities cap evicts entities,
-// replay says so, as the live service does (DESIGN: "with a metric and a
-// warning"); under the cap it stays quiet.
+// replay says so, as the live service does (docs/contract.md, "Entities": the
+// features of an evicted entity lack its history); under the cap it stays quiet.
 func TestReplayWarnsAtMaxEntities(t *testing.T) {
 	dir := t.TempDir()
 	in := filepath.Join(dir, "in.jsonl")
@@ -246,5 +246,53 @@ func TestReplayWarnsAtMaxEntities(t *testing.T) {
 				t.Errorf("warnings %v, want one warning with evicted=%d", warned, tt.wantEvicted)
 			}
 		})
+	}
+}
+
+// TestFileReplayConnectsToNoBroker: a file replayed to files talks to no
+// broker, so it logs no "kafka connection" line (which would tell the user
+// it did); its connection flags are still checked. Topic inputs and outputs
+// do connect.
+func TestFileReplayConnectsToNoBroker(t *testing.T) {
+	parse := func(t *testing.T, args ...string) *replayFlags {
+		t.Helper()
+		var r replayFlags
+		e := newEnvFlags("replay", replayUsage)
+		r.register(e)
+		if err := e.Parse(append(args, "--quiet")); err != nil {
+			t.Fatal(err)
+		}
+		return &r
+	}
+	dir := t.TempDir()
+	r := parse(t, "--input-file", replayExample, "--output", filepath.Join(dir, "f.jsonl"), "--dlq", filepath.Join(dir, "d.jsonl"))
+	core, logs := observer.New(zap.DebugLevel)
+	if err := runReplay(context.Background(), r, zap.New(core)); err != nil {
+		t.Fatal(err)
+	}
+	if l := logs.FilterMessageSnippet("kafka").All(); len(l) != 0 {
+		t.Errorf("a file-to-file replay logged %q", l[0].Message)
+	}
+	if logs.FilterMessage("replay complete").Len() != 1 {
+		t.Errorf("no \"replay complete\" line: %v", logs.All())
+	}
+
+	bad := parse(t, "--input-file", replayExample, "--output", filepath.Join(dir, "g.jsonl"), "--sasl-mechanism", "MD5")
+	if err := runReplay(context.Background(), bad, zap.NewNop()); err == nil || !strings.Contains(err.Error(), "MD5") {
+		t.Errorf("a bad --sasl-mechanism on a file replay: %v, want an error naming it", err)
+	}
+
+	for _, tt := range []struct {
+		args []string
+		want bool
+	}{
+		{[]string{"--input-file", "x.jsonl", "--output", "f.parquet", "--dlq", "d.jsonl"}, false},
+		{[]string{"--input-file", "x.jsonl", "--output", "topic:features"}, true},
+		{[]string{"--input-file", "x.jsonl", "--output", "f.jsonl", "--dlq", "topic:dlq"}, true},
+		{[]string{"--input-topic", "t", "--output", "f.jsonl"}, true},
+	} {
+		if got := parse(t, tt.args...).needsKafka(); got != tt.want {
+			t.Errorf("%v: needsKafka %v, want %v", tt.args, got, tt.want)
+		}
 	}
 }

@@ -130,6 +130,7 @@ func (r *runFlags) serviceConfig() (service.Config, error) {
 	c.ExactlyOnce = r.exactlyOnce
 	c.SessionTimeout = r.sessionTimeout
 	c.Host = host
+	c.Build = readBuildInfo().header()
 	return c, nil
 }
 
@@ -159,6 +160,7 @@ func cmdRun(ctx context.Context, args []string) error {
 
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
+	registerBuildInfo(reg)
 	svc, err := service.New(cfg, log, m)
 	if err != nil {
 		return err

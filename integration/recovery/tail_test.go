@@ -3,7 +3,9 @@
 package recovery
 
 import (
+	"bytes"
 	"context"
+	"os"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -113,4 +115,54 @@ func checkCovered(t *testing.T, ctx context.Context, addr string, sc *scenario, 
 			when, missing, want, firstMissing, repeated, sc.eos, tailLog(sc.instances[0].logs, 10))
 	}
 	return total
+}
+
+// TestQuietTailSurvivesAWarmUp: under --exactly-once, a partition's input goes
+// quiet, the idle timeout releases the reorder buffer's tail and the next
+// checkpoint commits it; then the partition moves to an owner without that
+// snapshot (per-instance file stores), which rebuilds the state by a warm-up
+// read up to the committed offset. The warm-up cannot see the release, which
+// the wall clock decided: unless it repeats it, the tail is pending again, and
+// the new owner releases and commits it a second time. read_committed must
+// still see exactly one output per input offset.
+func TestQuietTailSurvivesAWarmUp(t *testing.T) {
+	t.Parallel()
+	addr := kafkatest.Broker(t)
+	bin := buildBinary(t)
+	ctx := kafkatest.Context(t, 3*time.Minute)
+	adm := kafkatest.Admin(t, addr)
+	keep := map[string]string{"retention.ms": "-1"}
+	input := kafkatest.CreateTopic(t, addr, recPartitions, keep)
+	sc := &scenario{name: "warm-up", eos: true, group: kafkatest.Group(t), store: "file://" + t.TempDir(),
+		out: kafkatest.CreateTopic(t, addr, recPartitions, keep), dlq: kafkatest.CreateTopic(t, addr, 1, keep)}
+	args := append(sc.args(addr, input), "--allowed-lateness", "1s", "--idle-timeout", "1s")
+	a := newInstance(t, bin, "a", args)
+	b := newInstance(t, bin, "b", append(args, "--checkpoint-store", "file://"+t.TempDir()))
+	sc.instances = []*instance{b}
+	t.Cleanup(func() {
+		a.kill(syscall.SIGKILL)
+		b.kill(syscall.SIGKILL)
+	})
+	var progress atomic.Int64
+	a.start()
+	if err := produce(ctx, addr, input, genStream(23, 2000), 0, &progress); err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+	ends := endOffsets(t, ctx, adm, input)
+	if err := waitCommitted(ctx, adm, sc.group, input, ends); err != nil {
+		t.Fatalf("%v; end of its log:\n%s", err, tailLog(a.logs, 15))
+	}
+	time.Sleep(1*time.Second + 1*time.Second + 3*time.Second) // the tail released and committed
+	a.kill(syscall.SIGTERM)
+	sc.instances = []*instance{a}
+	checkCovered(t, ctx, addr, sc, ends, "after the first owner stopped")
+
+	b.start()
+	time.Sleep(8 * time.Second) // warmed up, idle, checkpointed
+	b.kill(syscall.SIGTERM)
+	sc.instances = []*instance{b}
+	checkCovered(t, ctx, addr, sc, ends, "after a new owner without the snapshot warmed up and stopped")
+	if log, _ := os.ReadFile(b.logs); bytes.Count(log, []byte("rebuilt its state by a warm-up read")) != recPartitions {
+		t.Errorf("the new owner did not warm up every partition; end of its log:\n%s", tailLog(b.logs, 15))
+	}
 }

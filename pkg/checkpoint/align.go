@@ -37,33 +37,61 @@ func ForCommitted(l Loaded, committed int64, id ID, hasID bool) (snap Snapshot, 
 	return Snapshot{}, false, false
 }
 
-// commitMetaPrefix starts the offset commit metadata that names a snapshot.
+// CommitNote is what an exactly-once offset commit records, in its metadata,
+// beside the offset: which snapshot it covers, and where the partition last
+// released its whole reorder buffer on its idle timeout.
+type CommitNote struct {
+	// Snapshot is the ID of the snapshot whose Next is the committed offset.
+	Snapshot ID
+	// IdleFlushAt is the partition's Next when it last released everything
+	// pending because its input was idle (-1: not known to have). A warm-up
+	// read cannot see a release the wall clock decided; with this it repeats
+	// the last one at the same position, so that events the previous owner
+	// released and committed are not held and released (and committed) again.
+	IdleFlushAt int64
+}
+
+// commitMetaPrefix starts the offset commit metadata of a CommitNote.
 const commitMetaPrefix = "velocity-snapshot:"
 
-// CommitMetadata is the offset commit metadata that names the snapshot id:
-// "velocity-snapshot:<epoch>.<seq>".
-func CommitMetadata(id ID) string {
-	return commitMetaPrefix + strconv.FormatUint(id.Epoch, 10) + "." + strconv.FormatUint(id.Seq, 10)
+// CommitMetadata encodes a note as offset commit metadata:
+// "velocity-snapshot:<epoch>.<seq>", then ";idle-flush=<offset>" when known.
+func CommitMetadata(n CommitNote) string {
+	s := commitMetaPrefix + strconv.FormatUint(n.Snapshot.Epoch, 10) + "." + strconv.FormatUint(n.Snapshot.Seq, 10)
+	if n.IdleFlushAt >= 0 {
+		s += ";idle-flush=" + strconv.FormatInt(n.IdleFlushAt, 10)
+	}
+	return s
 }
 
 // ParseCommitMetadata reads what CommitMetadata wrote. Metadata that is empty
 // or not ours gives ok=false and no error (a commit made by an older version,
 // or by another tool); metadata that starts like ours and does not parse is an
-// error.
-func ParseCommitMetadata(meta string) (id ID, ok bool, err error) {
+// error. A note without an idle flush has IdleFlushAt -1.
+func ParseCommitMetadata(meta string) (n CommitNote, ok bool, err error) {
 	rest, found := strings.CutPrefix(meta, commitMetaPrefix)
 	if !found {
-		return ID{}, false, nil
+		return CommitNote{IdleFlushAt: -1}, false, nil
 	}
-	e, s, found := strings.Cut(rest, ".")
-	if found {
-		id.Epoch, err = strconv.ParseUint(e, 10, 64)
-		if err == nil {
-			id.Seq, err = strconv.ParseUint(s, 10, 64)
+	bad := func() (CommitNote, bool, error) {
+		return CommitNote{IdleFlushAt: -1}, false, fmt.Errorf("offset commit metadata %q does not name a snapshot", meta)
+	}
+	id, flush, hasFlush := strings.Cut(rest, ";idle-flush=")
+	e, sq, found := strings.Cut(id, ".")
+	if !found {
+		return bad()
+	}
+	n.IdleFlushAt = -1
+	if n.Snapshot.Epoch, err = strconv.ParseUint(e, 10, 64); err != nil {
+		return bad()
+	}
+	if n.Snapshot.Seq, err = strconv.ParseUint(sq, 10, 64); err != nil {
+		return bad()
+	}
+	if hasFlush {
+		if n.IdleFlushAt, err = strconv.ParseInt(flush, 10, 64); err != nil || n.IdleFlushAt < 0 {
+			return bad()
 		}
 	}
-	if !found || err != nil {
-		return ID{}, false, fmt.Errorf("offset commit metadata %q does not name a snapshot", meta)
-	}
-	return id, true, nil
+	return n, true, nil
 }

@@ -45,11 +45,20 @@ func TestForCommitted(t *testing.T) {
 }
 
 func TestCommitMetadata(t *testing.T) {
-	for _, id := range []ID{{}, {1 << 32, 1}, {^uint64(0), ^uint64(0)}} {
-		got, ok, err := ParseCommitMetadata(CommitMetadata(id))
-		if err != nil || !ok || got != id {
-			t.Errorf("round trip of %+v: %+v %v %v", id, got, ok, err)
+	for _, n := range []CommitNote{
+		{IdleFlushAt: -1},
+		{Snapshot: ID{1 << 32, 1}, IdleFlushAt: -1},
+		{Snapshot: ID{1 << 32, 7}, IdleFlushAt: 0},
+		{Snapshot: ID{3 << 32, 2}, IdleFlushAt: 123456},
+		{Snapshot: ID{^uint64(0), ^uint64(0)}, IdleFlushAt: 1<<63 - 1},
+	} {
+		got, ok, err := ParseCommitMetadata(CommitMetadata(n))
+		if err != nil || !ok || got != n {
+			t.Errorf("round trip of %+v (%q): %+v %v %v", n, CommitMetadata(n), got, ok, err)
 		}
+	}
+	if m := CommitMetadata(CommitNote{Snapshot: ID{5, 6}, IdleFlushAt: 9}); m != "velocity-snapshot:5.6;idle-flush=9" {
+		t.Errorf("metadata %q changed its format: stored commits must stay readable", m)
 	}
 	for _, tc := range []struct {
 		meta    string
@@ -61,26 +70,31 @@ func TestCommitMetadata(t *testing.T) {
 		{"velocity-snapshot:12", true},
 		{"velocity-snapshot:x.1", true},
 		{"velocity-snapshot:1.-2", true},
+		{"velocity-snapshot:1.2;idle-flush=", true},
+		{"velocity-snapshot:1.2;idle-flush=-5", true},
+		{"velocity-snapshot:1.2;idle-flush=7x", true},
 	} {
-		_, ok, err := ParseCommitMetadata(tc.meta)
-		if ok || (err != nil) != tc.wantErr {
-			t.Errorf("ParseCommitMetadata(%q) = ok %v err %v; want no id and error %v", tc.meta, ok, err, tc.wantErr)
+		n, ok, err := ParseCommitMetadata(tc.meta)
+		if ok || (err != nil) != tc.wantErr || n.IdleFlushAt != -1 {
+			t.Errorf("ParseCommitMetadata(%q) = %+v ok %v err %v; want no note and error %v", tc.meta, n, ok, err, tc.wantErr)
 		}
 	}
 }
 
 func FuzzParseCommitMetadata(f *testing.F) {
 	f.Add("velocity-snapshot:4294967297.3")
+	f.Add("velocity-snapshot:4294967297.3;idle-flush=77")
 	f.Add("")
 	f.Add("velocity-snapshot:1.")
 	f.Fuzz(func(t *testing.T, meta string) {
-		id, ok, err := ParseCommitMetadata(meta)
-		if ok && err == nil {
-			if back := CommitMetadata(id); back != meta {
-				// Leading zeros or a plus sign parse too; the id must still round-trip.
-				if again, ok2, _ := ParseCommitMetadata(back); !ok2 || again != id {
-					t.Fatalf("%q parsed as %+v, which does not round-trip", meta, id)
-				}
+		n, ok, err := ParseCommitMetadata(meta)
+		if ok != (err == nil && len(meta) >= len(commitMetaPrefix) && meta[:len(commitMetaPrefix)] == commitMetaPrefix) {
+			t.Fatalf("%q: ok %v err %v", meta, ok, err)
+		}
+		if ok {
+			// Leading zeros or a plus sign parse too; the note must still round-trip.
+			if again, ok2, _ := ParseCommitMetadata(CommitMetadata(n)); !ok2 || again != n {
+				t.Fatalf("%q parsed as %+v, which does not round-trip", meta, n)
 			}
 		}
 	})

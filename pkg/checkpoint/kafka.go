@@ -1,11 +1,14 @@
 package checkpoint
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/url"
 	"regexp"
 	"strconv"
@@ -50,8 +53,14 @@ type KafkaStore struct {
 	partitions int32
 	chunkSize  int
 
-	mu        sync.Mutex
-	manifests map[Key]manifestState // what this store last read of each key's manifests
+	// The manifest partition's tail (refresh): one reader for the store's
+	// life, the offset of the next record it applies, and every key's state.
+	tailMu     sync.Mutex
+	tail       *kgo.Client
+	tailNext   int64
+	tailStates map[string]*manifestState
+
+	closeOnce sync.Once
 }
 
 // KafkaConfig configures NewKafkaStore.
@@ -132,7 +141,7 @@ func NewKafkaStore(ctx context.Context, cfg KafkaConfig) (*KafkaStore, error) {
 		return nil, fmt.Errorf("checkpoint: kafka store client: %w", err)
 	}
 	s := &KafkaStore{
-		cl: cl, adm: kadm.NewClient(cl), topic: cfg.Topic, chunkSize: chunk, manifests: make(map[Key]manifestState),
+		cl: cl, adm: kadm.NewClient(cl), topic: cfg.Topic, chunkSize: chunk, tailStates: make(map[string]*manifestState),
 		readOpts: append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}, cfg.ClientOpts...),
 	}
 	if err := s.ensureTopic(ctx, cfg.Partitions); err != nil {
@@ -155,11 +164,23 @@ func (s *KafkaStore) ensureTopic(ctx context.Context, partitions int32) error {
 		"delete.retention.ms":       kadm.StringPtr(strconv.Itoa(int(time.Minute.Milliseconds()))),
 	}
 	resp, err := s.adm.CreateTopic(ctx, partitions, -1, configs, s.topic)
+	if err == nil {
+		err = resp.Err
+	}
+	if errors.Is(err, kerr.TopicAuthorizationFailed) {
+		// A principal without Create is refused a CreateTopics even of a
+		// topic that exists; an existing one needs no Create.
+		if md, merr := s.adm.Metadata(ctx, s.topic); merr == nil {
+			if td, ok := md.Topics[s.topic]; ok && td.Err == nil && len(td.Partitions) > 0 {
+				err = nil
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("checkpoint: create snapshot topic %s: %w (create it, compacted, or grant this principal Create on it)", s.topic, err)
+		}
+	}
 	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
 		return fmt.Errorf("checkpoint: create snapshot topic %s: %w", s.topic, err)
-	}
-	if resp.Err != nil && !errors.Is(resp.Err, kerr.TopicAlreadyExists) {
-		return fmt.Errorf("checkpoint: create snapshot topic %s: %w", s.topic, resp.Err)
 	}
 	// The topic may just have been created: wait until metadata shows every
 	// partition with a leader.
@@ -327,6 +348,9 @@ func decodeManifest(b []byte) (manifest, error) {
 	return m, nil
 }
 
+// manifestKeyPrefix starts every manifest record's key.
+var manifestKeyPrefix = []byte("m/")
+
 func manifestKey(k Key) []byte {
 	return []byte("m/" + url.PathEscape(k.Group) + "/" + url.PathEscape(k.Topic) + "/" + strconv.Itoa(int(k.Partition)))
 }
@@ -364,9 +388,6 @@ func (s *KafkaStore) Claim(ctx context.Context, key Key, tiebreak uint32) (uint6
 	if err := s.cl.ProduceSync(ctx, &kgo.Record{Topic: s.topic, Partition: manifestPartition, Key: manifestKey(key), Value: claim.encode()}).FirstErr(); err != nil {
 		return 0, fmt.Errorf("claim %s: produce to %s: %w", key, s.topic, err)
 	}
-	s.mu.Lock()
-	s.manifests[key] = manifestState{eff: claim, found: true, seen: st.seen}
-	s.mu.Unlock()
 	return claim.Epoch, nil
 }
 
@@ -505,55 +526,141 @@ func (st *manifestState) apply(want string, r *kgo.Record) {
 	}
 }
 
-// refresh brings key's manifest state up to the partition's current end:
-// from where this store last read when it has, else (or with full) from the
-// start. Reading on from the last position is equivalent to a full read,
-// because apply only ever looks at records in log order.
+// refresh brings key's manifest state up to the manifest partition's current
+// end. The store keeps one reader that tails the manifest partition from its
+// start and applies every manifest record to the state of its key, so a
+// refresh reads only the records written since the last one (a checkpoint's
+// fencing read costs one list-offsets request and the new records, not a new
+// client and a read of the partition). full is kept for the callers that must
+// see everything up to now (Claim, Load): with the tail it is the same read.
 func (s *KafkaStore) refresh(ctx context.Context, key Key, full bool) (manifestState, error) {
-	s.mu.Lock()
-	st, ok := s.manifests[key]
-	s.mu.Unlock()
-	if !ok || full {
-		st = manifestState{seen: -1}
-	}
-	from := st.seen + 1
-	if st.seen < 0 {
-		from = -1
-	}
-	want := string(manifestKey(key))
-	err := s.scan(ctx, manifestPartition, from, func(r *kgo.Record) bool {
-		st.apply(want, r)
-		return true
+	_ = full
+	s.tailMu.Lock()
+	defer s.tailMu.Unlock()
+	var ends kadm.ListedOffsets
+	err := retryTransient(ctx, func() (err error) {
+		ends, err = s.adm.ListEndOffsets(ctx, s.topic)
+		return err
 	})
 	if err != nil {
+		return manifestState{}, fmt.Errorf("list end offsets of %s: %w", s.topic, s.explain(err))
+	}
+	end, ok := ends.Lookup(s.topic, manifestPartition)
+	if !ok {
+		return manifestState{}, fmt.Errorf("list end offset of %s/%d: not in the answer", s.topic, manifestPartition)
+	}
+	if end.Err != nil {
+		return manifestState{}, fmt.Errorf("list end offset of %s/%d: %w", s.topic, manifestPartition, s.explain(end.Err))
+	}
+	if err := s.tailTo(ctx, end.Offset); err != nil {
 		return manifestState{}, err
 	}
-	s.mu.Lock()
-	if cur, ok := s.manifests[key]; !ok || cur.seen <= st.seen {
-		s.manifests[key] = st
+	if st, ok := s.tailStates[string(manifestKey(key))]; ok {
+		return *st, nil
 	}
-	s.mu.Unlock()
-	return st, nil
+	return manifestState{seen: s.tailNext - 1}, nil
+}
+
+// tailTo applies the manifest partition's records up to end (exclusive) to
+// tailStates. Like scan, it takes silence for the end only after silentPolls
+// empty polls while the broker answers other requests (compaction removed the
+// last records), or when a fetch's high watermark says there is no more.
+// Called with tailMu held.
+func (s *KafkaStore) tailTo(ctx context.Context, end int64) error {
+	if s.tailNext >= end {
+		return nil
+	}
+	if s.tail == nil {
+		cl, err := kgo.NewClient(append(append([]kgo.Opt(nil), s.readOpts...),
+			kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{s.topic: {manifestPartition: kgo.NewOffset().AtStart()}}),
+			kgo.FetchMaxBytes(64<<20),
+			kgo.FetchMaxPartitionBytes(64<<20),
+			kgo.FetchMaxWait(200*time.Millisecond),
+		)...)
+		if err != nil {
+			return err
+		}
+		s.tail = cl
+	}
+	silent, answered := 0, false
+	for s.tailNext < end {
+		pctx, cancel := context.WithTimeout(ctx, idlePoll)
+		fs := s.tail.PollFetches(pctx)
+		cancel()
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("read %s/%d up to offset %d: %w", s.topic, manifestPartition, end, err)
+		}
+		if pctx.Err() != nil && fs.NumRecords() == 0 {
+			if _, err := s.adm.ListEndOffsets(ctx, s.topic); err == nil {
+				answered = true
+			}
+			if silent++; silent >= silentPolls && answered {
+				s.tailNext = end
+				return nil
+			}
+			continue
+		}
+		silent, answered = 0, false
+		var ferr error
+		fs.EachError(func(_ string, _ int32, err error) {
+			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) && !transient(err) {
+				ferr = err
+			}
+		})
+		if ferr != nil {
+			return fmt.Errorf("read %s/%d: %w", s.topic, manifestPartition, s.explain(ferr))
+		}
+		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
+			for _, r := range fp.Records {
+				if r.Offset < s.tailNext {
+					continue
+				}
+				s.tailNext = r.Offset + 1
+				if !bytes.HasPrefix(r.Key, manifestKeyPrefix) {
+					continue // a segment's index record
+				}
+				st, ok := s.tailStates[string(r.Key)]
+				if !ok {
+					st = &manifestState{seen: -1}
+					s.tailStates[string(r.Key)] = st
+				}
+				st.apply(string(r.Key), r)
+			}
+			// Compaction can remove the records just before the end offset;
+			// the fetch's high watermark tells us we have seen all there is.
+			if fp.HighWatermark >= 0 && fp.HighWatermark <= s.tailNext && fp.HighWatermark >= end {
+				s.tailNext = max(s.tailNext, end)
+			}
+		})
+	}
+	return nil
 }
 
 // scan reads partition p of the topic from offset from (-1: the start) up to
 // the end offset listed when it begins, calling fn for each record until fn
 // returns false.
 func (s *KafkaStore) scan(ctx context.Context, p int32, from int64, fn func(*kgo.Record) bool) error {
-	ends, err := s.adm.ListEndOffsets(ctx, s.topic)
+	var ends, starts kadm.ListedOffsets
+	err := retryTransient(ctx, func() (err error) {
+		ends, err = s.adm.ListEndOffsets(ctx, s.topic)
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("list end offsets of %s: %w", s.topic, err)
+		return fmt.Errorf("list end offsets of %s: %w", s.topic, s.explain(err))
 	}
 	end, ok := ends.Lookup(s.topic, p)
 	if !ok {
 		return fmt.Errorf("list end offset of %s/%d: not in the answer", s.topic, p)
 	}
 	if end.Err != nil {
-		return fmt.Errorf("list end offset of %s/%d: %w", s.topic, p, end.Err)
+		return fmt.Errorf("list end offset of %s/%d: %w", s.topic, p, s.explain(end.Err))
 	}
-	starts, err := s.adm.ListStartOffsets(ctx, s.topic)
+	err = retryTransient(ctx, func() (err error) {
+		starts, err = s.adm.ListStartOffsets(ctx, s.topic)
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("list start offsets of %s: %w", s.topic, err)
+		return fmt.Errorf("list start offsets of %s: %w", s.topic, s.explain(err))
 	}
 	start, _ := starts.Lookup(s.topic, p)
 	if from < start.Offset {
@@ -600,12 +707,14 @@ func (s *KafkaStore) scan(ctx context.Context, p int32, from int64, fn func(*kgo
 		silent, answered = 0, false
 		var ferr error
 		fs.EachError(func(_ string, _ int32, err error) {
-			if !errors.Is(err, context.DeadlineExceeded) {
+			// A broker restarting refuses dials for a while; the client
+			// retries the fetch itself.
+			if !errors.Is(err, context.DeadlineExceeded) && !transient(err) {
 				ferr = err
 			}
 		})
 		if ferr != nil {
-			return fmt.Errorf("read %s/%d: %w", s.topic, p, ferr)
+			return fmt.Errorf("read %s/%d: %w", s.topic, p, s.explain(ferr))
 		}
 		done := false
 		fs.EachRecord(func(r *kgo.Record) {
@@ -635,6 +744,42 @@ func (s *KafkaStore) scan(ctx context.Context, p int32, from int64, fn func(*kgo
 			return nil
 		}
 	}
+}
+
+// transient reports whether err may pass with time: what franz-go retries
+// itself, a refused dial and a connection closed on its first read (a broker
+// restarting), which it leaves to callers.
+func transient(err error) bool {
+	var op *net.OpError
+	return kgo.IsRetryableBrokerErr(err) || kerr.IsRetriable(err) || errors.As(err, &op) && op.Op == "dial" ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
+// retryTransient runs do until it succeeds, fails for a reason that does not
+// pass (transient), or ctx ends: the store's reads ride out a broker restart
+// within the caller's bound, as its writes do (franz-go retries produces).
+func retryTransient(ctx context.Context, do func() error) error {
+	backoff := 100 * time.Millisecond
+	for {
+		err := do()
+		if err == nil || !transient(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// explain says what to grant when the broker refused the snapshot topic.
+func (s *KafkaStore) explain(err error) error {
+	if errors.Is(err, kerr.TopicAuthorizationFailed) {
+		return fmt.Errorf("%w (the --checkpoint-store kafka topic %s needs Describe, Read and Write for this principal, and Create unless it exists)", err, s.topic)
+	}
+	return err
 }
 
 // Load implements Store: the effective manifest's snapshots (see apply).
@@ -726,8 +871,15 @@ func (s *KafkaStore) readEntries(ctx context.Context, key Key, es []entry) ([]Sn
 	return snaps, errs
 }
 
-// Close implements Store.
+// Close implements Store. Closing twice is harmless.
 func (s *KafkaStore) Close() error {
-	s.cl.Close()
+	s.closeOnce.Do(func() {
+		s.tailMu.Lock()
+		if s.tail != nil {
+			s.tail.Close()
+		}
+		s.tailMu.Unlock()
+		s.cl.Close()
+	})
 	return nil
 }

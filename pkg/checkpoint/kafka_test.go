@@ -187,14 +187,11 @@ func countLiveChunks(t *testing.T, addrs []string, topic string, p int32) int {
 func TestKafkaStoreSnapshotLargerThanAChunk(t *testing.T) {
 	for _, size := range []int{0, 1, 63, 64, 65, 1000} {
 		t.Run(fmt.Sprint(size), func(t *testing.T) {
-			s, _ := newFakeKafkaStore(t, 64)
+			s, addrs := newFakeKafkaStore(t, 64)
 			key := Key{Group: "g", Topic: "t", Partition: 0}
 			st := bytes.Repeat([]byte{7}, size)
 			mustSave(t, s, key, Snapshot{Next: 3, State: st})
-			s.mu.Lock()
-			clear(s.manifests) // force a read from the topic
-			s.mu.Unlock()
-			if l := mustLoad(t, s, key); l.Next != 3 || !bytes.Equal(l.State, st) {
+			if l := mustLoad(t, openFake(t, addrs, 64), key); l.Next != 3 || !bytes.Equal(l.State, st) { // read from the topic
 				t.Fatalf("state of %d bytes did not round-trip", size)
 			}
 		})
@@ -242,12 +239,14 @@ func TestKafkaStoreLoadThroughAStall(t *testing.T) {
 	mustSave(t, s, key, Snapshot{Next: 41, State: []byte("older")})
 	mustSave(t, s, key, want)
 
-	fresh := openFake(t, c.ListenAddrs(), 64) // no manifest cached: reads the topic
+	s.Close()                                 // its manifest reader would take the stalled fetches
+	fresh := openFake(t, c.ListenAddrs(), 64) // nothing read yet: reads the topic
 	var stalled atomic.Int32
+	stall := 2 * idlePoll
 	c.ControlKey(int16(kmsg.Fetch), func(kmsg.Request) (kmsg.Response, error, bool) {
 		if stalled.Add(1) <= 3 {
 			c.KeepControl()
-			c.SleepControl(func() { time.Sleep(2 * idlePoll) })
+			c.SleepControl(func() { time.Sleep(stall) })
 		}
 		return nil, nil, false
 	})

@@ -9,7 +9,7 @@ import (
 	"github.com/velocity-consumer/velocity-consumer/schemas"
 )
 
-const t0 = 1_793_491_200_000 // 2026-11-01T00:00:00Z, EXAMPLES.md's T
+const t0 = 1_793_491_200_000 // 2026-11-01T00:00:00Z, T of docs/contract.md's worked example
 
 func goodTx() Transaction {
 	return Transaction{EventID: "e1", EntityID: "card-A", AmountMinor: 1000, Currency: "EUR", EventTime: t0}

@@ -289,7 +289,9 @@ func (p *Processor) Process(r Record, emit func(*Output)) {
 // HintDistance is how many events ahead of the one being counted the window table
 // is told which entities come next (window.Table.Prefetch at twice the distance,
 // PrefetchRecord at the distance), so that their cache misses overlap the work on
-// the events in between. 4 to 8 measured best (pkg/window BENCHMARKS).
+// the events in between. Closer, a miss is not done before its event is applied;
+// further, the prefetched lines may be evicted again: 4 to 16 measured within noise of
+// each other in pkg/window's lookahead benchmarks, so 6 sits in the middle.
 const HintDistance = 6
 
 // Hint tells the processor that the record with this key and value comes about

@@ -68,7 +68,7 @@ func collect(t testing.TB, into map[int64]result) func(*Output) {
 
 var exampleT = time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
 
-// TestExamples works ../shared/EXAMPLES.md through the processor row by row.
+// TestExamples works docs/contract.md's worked example through the processor row by row.
 func TestExamples(t *testing.T) {
 	type agg struct{ c, s, mn, mx int64 }
 	type row struct {

@@ -12,7 +12,8 @@ import (
 )
 
 // BenchmarkCheckpointPause measures how long a checkpoint stops the partition, in the
-// state of the half-rate latency run of issue 6 (one of 4 partitions: 25 000 entities,
+// state of one partition of the end-to-end latency run at half the peak rate (one of 4
+// partitions: 25 000 entities,
 // Zipf, default windows and --max-entities cap, 2 M live dedupe ids). It reports
 // the one stop of AppendSnapshot against the longest single stop of the stepped
 // snapshot as the service takes it (BeginSnapshot, then Step(256) between batches),

@@ -15,7 +15,7 @@ import (
 	"github.com/velocity-consumer/velocity-consumer/pkg/window"
 )
 
-// exampleConfig is the configuration of /work/shared/EXAMPLES.md: windows
+// exampleConfig is the configuration of docs/contract.md's worked example: windows
 // 10s:1s,1m:10s, allowed lateness 2 s, the other settings at run's defaults.
 func exampleConfig(t testing.TB) pipeline.Config {
 	t.Helper()
@@ -35,7 +35,7 @@ func exampleConfig(t testing.TB) pipeline.Config {
 	}
 }
 
-// exampleT is T = 2026-11-01T00:00:00Z of EXAMPLES.md, in Unix ms.
+// exampleT is T = 2026-11-01T00:00:00Z of the worked example, in Unix ms.
 const exampleT = 1793491200000
 
 type jsonWindow struct {
@@ -96,7 +96,7 @@ func readLines[T any](t *testing.T, path string) []T {
 	return out
 }
 
-// TestExamplesGolden replays the EXAMPLES.md stream from a JSON-lines file to
+// TestExamplesGolden replays the worked example from a JSON-lines file to
 // JSON-lines outputs and checks every row of its table: outcome, both
 // windows' count/sum/min/max, ms_since_previous and the dead-letter reasons,
 // and that features come out in release order.
@@ -123,7 +123,7 @@ func TestExamplesGolden(t *testing.T) {
 		{10, "e11", "", agg{3, 5100, 40, 5000}, agg{7, 9000, 40, 5000}, 7800},
 		{11, "e12", "", agg{1, 80, 80, 80}, agg{1, 80, 80, 80}, 74100},
 	}
-	// Release order (EXAMPLES.md: "emitted in release order"): e1 e2 e3 are
+	// Release order (the contract: features are emitted in release order): e1 e2 e3 are
 	// released by e5, e4 e6 e5 e10 by e11, e11 by e12, e12 by the end flush.
 	wantFeatureOrder := []int64{0, 1, 2, 3, 5, 4, 9, 10, 11}
 	wantDeadOrder := []int64{6, 7, 8}

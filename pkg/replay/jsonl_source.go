@@ -29,7 +29,9 @@ import (
 // record. A missing or null event_id, entity_id or currency reads as "" (the
 // validator then names the field, e.g. invalid:entity_id); a line that is not
 // a JSON object, or whose amount_minor or event_time is missing or not an
-// integer, is dead-lettered with reason decode and the line as its value.
+// integer, is dead-lettered with reason decode. Every dead letter of a line
+// (decode, invalid, duplicate, late) has the line's bytes as read for its
+// value, without the \n that ends the line and with nothing trimmed.
 //
 // The file is partition 0, blank lines are skipped, and a record's offset is
 // its 0-based position among the non-blank lines. source_topic is the file's
@@ -93,11 +95,16 @@ func (s *JSONLSource) Read(ctx context.Context, p int32, prog *Progress, fn func
 			if prog != nil {
 				prog.Done.Add(int64(len(raw)))
 			}
-			text := bytes.TrimSpace(raw)
+			// The dead letter of a line is the line as read, without the
+			// \n that ends it: surrounding spaces or a \r stay, as the live
+			// DLQ keeps a record's value byte for byte. Only the parser
+			// (and the blank-line test) looks at the trimmed text.
+			asRead := bytes.TrimSuffix(raw, []byte{'\n'})
+			text := bytes.TrimSpace(asRead)
 			if len(text) > 0 {
 				rec = Record{}
 				rec.Offset = offset
-				rec.Original = text
+				rec.Original = asRead
 				var tx codec.Transaction
 				if rej := parseJSONTransaction(text, &tx); rej != nil {
 					rej.Detail = "line " + strconv.Itoa(line) + ": " + rej.Detail

@@ -16,13 +16,14 @@ import (
 // KafkaSink produces features records and dead letters to topics through
 // pkg/sink, the live service's producer: same key (the entity id), same value
 // bytes, same headers (velocity.emitted_at and velocity.host on features, the
-// velocity.* dead-letter headers on dead letters), same idempotent acks=all
+// velocity.* dead-letter headers on dead letters, velocity.build on both once
+// SetBuild names it), same idempotent acks=all
 // client options. One KafkaSink can serve as both the features and the
 // dead-letter sink; it routes each Output by its kind.
 type KafkaSink struct {
 	cl                    *kgo.Client // nil when built on another sink.Producer (tests)
 	prod                  sink.Producer
-	host                  string
+	host, build           string
 	featuresTopic, dlqTop string
 	prefix                []byte
 	tr                    *sink.Tracker
@@ -44,6 +45,10 @@ func NewKafkaSink(ctx context.Context, brokers []string, host string, opts ...kg
 	}
 	return &KafkaSink{cl: cl, prod: cl, host: host}, nil
 }
+
+// SetBuild names the build in a velocity.build header of every record, as
+// the live service does. Call it before the first Write.
+func (k *KafkaSink) SetBuild(build string) { k.build = build }
 
 // EnsureTopic creates topic if it does not exist, with as many partitions as
 // likeTopic has (1 if likeTopic is empty or missing), so a backtest can write to
@@ -80,7 +85,7 @@ func (k *KafkaSink) SetFeaturesPrefix(prefix []byte) { k.prefix = append([]byte(
 // is the replay's backpressure.
 func (k *KafkaSink) Write(o *pipeline.Output) error {
 	if k.tr == nil {
-		k.tr = sink.New(k.prod, k.featuresTopic, k.dlqTop, k.host).WithFeaturesPrefix(k.prefix).NewTracker(nil)
+		k.tr = sink.New(k.prod, k.featuresTopic, k.dlqTop, k.host).WithFeaturesPrefix(k.prefix).WithBuild(k.build).NewTracker(nil)
 	}
 	if o.Dead {
 		if k.dlqTop == "" {

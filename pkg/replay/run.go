@@ -179,7 +179,8 @@ func runPartition(ctx context.Context, src Source, p int32, cfg Config, prog *Pr
 		return fmt.Errorf("replay partition %d: %w", p, err)
 	}
 	// The end of the range: release everything still waiting for the
-	// watermark, in (event_time, offset) order, as DESIGN "Reorder" says.
+	// watermark, in (event_time, offset) order (docs/contract.md, "Reorder
+	// buffer and release order"): no later record can arrive to release them.
 	proc.Flush(emit)
 	res.CapEvicted += proc.CapEvictions()
 	res.KeyMismatch += proc.Stats().KeyMismatch

@@ -2,6 +2,7 @@ package replay
 
 import (
 	"context"
+	"encoding/base64"
 	"maps"
 	"os"
 	"path/filepath"
@@ -197,7 +198,7 @@ const newerTransaction = `{"type":"record","name":"Transaction","namespace":"io.
  {"name":"entity_id","type":"string"},
  {"name":"amount_minor","type":"long"}]}`
 
-// TestOCFSource replays the EXAMPLES stream from Avro container files written
+// TestOCFSource replays the worked example from Avro container files written
 // with our schema and with a newer writer schema, and checks both give the
 // same features, byte for byte, as the JSON-lines file.
 func TestOCFSource(t *testing.T) {
@@ -329,7 +330,7 @@ func (w warmUpFirst) Read(ctx context.Context, p int32, prog *Progress, fn func(
 	})
 }
 
-// TestWarmUp replays the EXAMPLES stream with its first records as warm-up:
+// TestWarmUp replays the worked example with its first records as warm-up:
 // outputs of the range are exactly those of a full replay, including the
 // features of events released only after the range began; nothing of the
 // warm-up is written, even its outputs released later (e1…e3, released by e5).
@@ -401,5 +402,38 @@ func TestJSONLInvalidUTF8DeadLettered(t *testing.T) {
 	fs := readLines[jsonFeatures](t, feat)
 	if len(fs) != 1 || fs[0].SourceOffset != 3 || fs[0].EntityID != "k\uFFFD" || fs[0].Windows[0].Count != 1 || fs[0].MsSincePrevious != nil {
 		t.Errorf("features %+v, want one record for offset 3: the first event of entity \"k\\uFFFD\"", fs)
+	}
+}
+
+// TestJSONLDeadLetterKeepsTheLineAsRead: a dead letter's value is the line
+// byte for byte as the file holds it, without only the \n that ends it, as
+// the live DLQ keeps a record's value unchanged. Spaces around a line, a tab
+// or the \r of a CRLF file are not trimmed, whatever the reason.
+func TestJSONLDeadLetterKeepsTheLineAsRead(t *testing.T) {
+	lines := []string{
+		"  not json at all \t", // decode, spaces and a tab around it
+		`{"event_id":"x1","entity_id":"","amount_minor":5,"event_time":1793491200000}` + "\r", // invalid:entity_id, CRLF
+		"\t" + `{"event_id":"x2","entity_id":"c1","amount_minor":5,"event_time":1793491200000}` + " ",
+		`  {"event_id":"x2","entity_id":"c1","amount_minor":5,"event_time":1793491200000}`, // duplicate
+	}
+	dir := t.TempDir()
+	in := writeFile(t, "in.jsonl", strings.Join(lines, "\n")+"\n")
+	feat, dead := filepath.Join(dir, "f.jsonl"), filepath.Join(dir, "d.jsonl")
+	res := replayFiles(t, in, feat, dead, exampleConfig(t))
+	if res.Records != 4 || res.Features != 1 || res.Dead != 3 {
+		t.Fatalf("%d records, %d features, %d dead; want 4, 1, 3", res.Records, res.Features, res.Dead)
+	}
+	wantReason := map[int64]string{0: "decode", 1: "invalid:entity_id", 3: "duplicate"}
+	for _, d := range readLines[jsonDead](t, dead) {
+		v, err := base64.StdEncoding.DecodeString(d.Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Reason != wantReason[d.SourceOffset] {
+			t.Errorf("offset %d: reason %s, want %s", d.SourceOffset, d.Reason, wantReason[d.SourceOffset])
+		}
+		if want := lines[d.SourceOffset]; string(v) != want {
+			t.Errorf("offset %d (%s): dead-letter value %q, want the line as read %q", d.SourceOffset, d.Reason, v, want)
+		}
 	}
 }

@@ -15,7 +15,7 @@ import (
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 )
 
-// TestTopicSourceOnFakeCluster replays the EXAMPLES stream from a topic on
+// TestTopicSourceOnFakeCluster replays the worked example from a topic on
 // franz-go's in-process cluster (kfake) and checks it gives the same features
 // bytes, lineage aside, as the JSON-lines file; and reads offset ranges of a
 // two-partition topic. The real broker's behaviour (time bounds, transactions)
@@ -34,7 +34,7 @@ func TestTopicSourceOnFakeCluster(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	// Partition 0: the EXAMPLES stream; partition 1: 30 filler records.
+	// Partition 0: the worked example; partition 1: 30 filler records.
 	lines := readLines[struct {
 		EventID     string `json:"event_id"`
 		EntityID    string `json:"entity_id"`
@@ -163,8 +163,8 @@ func TestTopicSourceOnFakeCluster(t *testing.T) {
 
 // TestTopicSourceWithinAFetch: one fetch can hold a whole partition. The
 // progress must move within it, and a cancellation must stop the read within
-// it (it used to finish the partition, and a one-partition replay then
-// completed with exit 0 after Ctrl-C).
+// it: otherwise a read that finishes the partition first lets a one-partition
+// replay complete with exit 0 after Ctrl-C.
 func TestTopicSourceWithinAFetch(t *testing.T) {
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "big"))
 	if err != nil {

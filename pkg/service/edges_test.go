@@ -324,6 +324,7 @@ func TestMayPass(t *testing.T) {
 		{"fenced", kerr.ProducerFenced, false},
 		{"aborted", kerr.TransactionAbortable, false},
 		{"not authorized", kerr.TransactionalIDAuthorizationFailed, false},
+		{"topic not authorized, in a shard error", fmt.Errorf("list offsets: %w", kerr.TopicAuthorizationFailed), false},
 	} {
 		if got := mayPass(tt.err); got != tt.want {
 			t.Errorf("%s (%v): retriable %v, want %v", tt.name, tt.err, got, tt.want)

@@ -118,6 +118,9 @@ func (s *Service) committedOffset(ctx context.Context, p int32) (int64, string, 
 func (s *Service) refreshInputTopicID(ctx context.Context) error {
 	md, err := s.adm.Metadata(ctx, s.cfg.InputTopic)
 	if err != nil {
+		if f := s.configError(err); f != nil {
+			return f
+		}
 		return fmt.Errorf("read the input topic's id: %w", err)
 	}
 	td, ok := md.Topics[s.cfg.InputTopic]
@@ -162,10 +165,29 @@ func retryTxnRequest(ctx context.Context, do func() error) error {
 // and a connection closed on its first read, which franz-go takes for missing
 // SASL (a broker restarting does that too; a real SASL mistake fails the
 // client long before a checkpoint); and a warm-up read that stalled.
+//
+// An authorization failure never passes, however it is wrapped: franz-go
+// wraps a failed producer-id load (TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+// included) as an error it would retry itself, and retrying a missing ACL
+// kept an instance alive and unready for two minutes before it said so.
 func mayPass(err error) bool {
+	if notAuthorized(err) {
+		return false
+	}
 	var op *net.OpError
 	return kgo.IsRetryableBrokerErr(err) || kerr.IsRetriable(err) || errors.As(err, &op) && op.Op == "dial" ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, errWarmUpStalled)
+}
+
+// notAuthorized reports whether err is, or wraps, a refusal by the authorizer.
+func notAuthorized(err error) bool {
+	for _, e := range []error{kerr.TopicAuthorizationFailed, kerr.GroupAuthorizationFailed, kerr.ClusterAuthorizationFailed,
+		kerr.TransactionalIDAuthorizationFailed, kerr.DelegationTokenAuthorizationFailed, kerr.SaslAuthenticationFailed} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // commitTxn adds the offset commit to the open transaction, commits it and
@@ -173,7 +195,7 @@ func mayPass(err error) bool {
 // broker's timeout or the next owner's fencing): the caller must not go on
 // with this producer (it stops, or drops the partition when the transaction
 // was lost: worker.txnLost).
-func (w *worker) commitTxn(ctx context.Context, next int64, snap checkpoint.ID) error {
+func (w *worker) commitTxn(ctx context.Context, next int64, note checkpoint.CommitNote) error {
 	cl := w.txn
 	id, epoch, err := cl.ProducerID(ctx)
 	if err != nil {
@@ -201,8 +223,10 @@ func (w *worker) commitTxn(ctx context.Context, next int64, snap checkpoint.ID) 
 	w.s.mu.Unlock()
 	rp := kmsg.NewTxnOffsetCommitRequestTopicPartition()
 	// The metadata names the snapshot this transaction commits, so that
-	// recovery resumes from exactly that one (checkpoint.ForCommitted).
-	meta := checkpoint.CommitMetadata(snap)
+	// recovery resumes from exactly that one (checkpoint.ForCommitted), and
+	// where the partition last flushed its reorder buffer on idle, so that a
+	// warm-up without that snapshot repeats the flush (warmUp).
+	meta := checkpoint.CommitMetadata(note)
 	rp.Partition, rp.Offset, rp.LeaderEpoch, rp.Metadata = w.part, next, -1, &meta
 	rt.Partitions = append(rt.Partitions, rp)
 	req.Topics = append(req.Topics, rt)

@@ -35,9 +35,8 @@ func (s *stallingStore) Load(ctx context.Context, key checkpoint.Key) (checkpoin
 // TestServiceRebalanceInterruptsTakeover: a second member joins while the
 // first is still taking over its partitions. franz-go cancels the takeover's
 // context; that is a rebalance, not a failure. The first member must keep
-// running (before, it stopped on "context canceled", which is how session 9's
-// CI failed), both members take their partitions in the next session, and the
-// outputs match the oracle.
+// running (not stop on "context canceled"), both members take their
+// partitions in the next group session, and the outputs match the oracle.
 func TestServiceRebalanceInterruptsTakeover(t *testing.T) {
 	for _, eos := range []bool{false, true} {
 		t.Run(fmt.Sprintf("exactly-once=%v", eos), func(t *testing.T) {

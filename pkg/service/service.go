@@ -86,9 +86,9 @@ type Config struct {
 	// Producers, so each partition's outputs keep their order. franz-go sends
 	// an idempotent client's produce requests to a broker one at a time, so
 	// with one client every partition's outputs wait behind each request;
-	// several let requests overlap. On the 2-core benchmark machine 4 clients
-	// raised peak throughput by about 5% and made the p99 near half of it
-	// worse (BENCHMARKS.md, session 3). Default 1.
+	// several let requests overlap, which raises peak throughput a little and
+	// makes the tail latency near half of it worse, because the requests then
+	// compete for the same broker and cores. Default 1.
 	Producers int
 
 	// FetchMinBytes and FetchMaxWait are the consumer's fetch.min.bytes and
@@ -98,12 +98,15 @@ type Config struct {
 	// fetches large near the peak, so holding them only adds latency at low
 	// rates. A few KiB trade some of that latency for fewer fetches, and less
 	// CPU, at moderate rates. Defaults DefaultFetchMinBytes and
-	// DefaultFetchMaxWait (BENCHMARKS.md, sessions 4 and 9, measured both ways).
+	// DefaultFetchMaxWait.
 	FetchMinBytes int32
 	FetchMaxWait  time.Duration
 
 	// Host goes into the velocity.host header of features records.
 	Host string
+	// Build goes into the velocity.build header of every output: the lineage
+	// that tells which code produced a record. Empty leaves it out.
+	Build string
 
 	// Decoder, if set, decodes input values instead of the one built from
 	// WriterSchema: the schema-registry decoder of pkg/registry. If it also
@@ -324,7 +327,7 @@ func (s *Service) Run(ctx context.Context) error {
 			return fmt.Errorf("create producer: %w", err)
 		}
 		defer prod.Close()
-		s.sinks = append(s.sinks, sink.New(prod, s.cfg.OutputTopic, s.cfg.DLQTopic, s.cfg.Host).WithFeaturesPrefix(s.cfg.FeaturesValuePrefix))
+		s.sinks = append(s.sinks, sink.New(prod, s.cfg.OutputTopic, s.cfg.DLQTopic, s.cfg.Host).WithFeaturesPrefix(s.cfg.FeaturesValuePrefix).WithBuild(s.cfg.Build))
 	}
 
 	copts := append([]kgo.Opt{
@@ -486,8 +489,7 @@ const maxPollRecords = 8192
 // fetch when a poll takes the one it holds, so each fetch carries what arrived
 // while the previous round was being processed: a few records at low rates,
 // answered at once, and near the peak as many as a round's time brings, so
-// fetches stay few and large without the broker holding them for bytes
-// (BENCHMARKS.md, session 9).
+// fetches stay few and large without the broker holding them for bytes.
 type pollRound struct {
 	left atomic.Int32
 	done chan struct{}
@@ -698,6 +700,9 @@ func (s *Service) acquire(ctx context.Context, p int32, committed int64) (int64,
 			}
 		}
 		if err != nil {
+			if errors.Is(err, kerr.TransactionalIDAuthorizationFailed) {
+				err = fmt.Errorf("%w: --exactly-once needs Write and Describe on the transactional ids prefixed %q for this principal", err, fmt.Sprintf("velocity-%s-%s-", s.cfg.Group, s.cfg.InputTopic))
+			}
 			return 0, err
 		}
 	} else if committed < 0 {
@@ -720,7 +725,12 @@ func (s *Service) acquire(ctx context.Context, p int32, committed int64) (int64,
 		closeTxn()
 		return 0, fmt.Errorf("partition %d: claim it in the snapshot store: %w", p, err)
 	}
-	proc, next, err := s.restore(ctx, p, committed, meta, epoch)
+	note, hasNote, err := checkpoint.ParseCommitMetadata(meta)
+	if err != nil {
+		s.log.Warn("exactly-once: the committed offset's metadata is not ours; matching the snapshot by offset alone",
+			zap.Int32("partition", p), zap.Error(err))
+	}
+	proc, next, err := s.restore(ctx, p, committed, note, hasNote, epoch)
 	if err != nil {
 		// Without a trustworthy state we must not consume this partition:
 		// stop loudly so an operator can look, rather than double count.
@@ -734,7 +744,7 @@ func (s *Service) acquire(ctx context.Context, p int32, committed int64) (int64,
 	s.mu.Lock()
 	delete(s.txnLost, p)
 	s.mu.Unlock()
-	w := s.startWorker(p, proc, txn, epoch, committed)
+	w := s.startWorker(p, proc, txn, epoch, committed, note.IdleFlushAt)
 	s.log.Info("partition assigned", zap.Int32("partition", p), zap.Int64("committed", committed), zap.Int64("resume_at", w.proc.Next()))
 	return next, nil
 }
@@ -877,8 +887,9 @@ func (s *Service) startOffset(ctx context.Context, p int32) (int64, error) {
 }
 
 // restore loads the partition's snapshot. next is the offset to fetch from, or
-// -1 to keep the group's committed (or reset) offset. committed and meta are
-// the group's committed offset and its metadata; epoch is this owner's claim.
+// -1 to keep the group's committed (or reset) offset. committed is the group's
+// committed offset, note what an exactly-once commit recorded with it (hasNote
+// false without one); epoch is this owner's claim.
 //
 // A snapshot is never resumed silently when it is behind what the group has
 // committed: another owner moved the partition on after it was saved (a
@@ -886,12 +897,12 @@ func (s *Service) startOffset(ctx context.Context, p int32) (int64, error) {
 // would re-emit everything since, or, where retention deleted those records,
 // count none of them. Such a snapshot is dropped for a rebuild from the
 // committed offset, with a warning and velocity_snapshots_stale_total.
-func (s *Service) restore(ctx context.Context, p int32, committed int64, meta string, epoch uint64) (*pipeline.Processor, int64, error) {
+func (s *Service) restore(ctx context.Context, p int32, committed int64, note checkpoint.CommitNote, hasNote bool, epoch uint64) (*pipeline.Processor, int64, error) {
 	cfg := s.processorConfig(p)
 	loaded, err := s.cfg.Store.Load(ctx, s.key(p))
 	switch {
 	case errors.Is(err, checkpoint.ErrNotFound):
-		return s.rebuild(ctx, p, committed)
+		return s.rebuild(ctx, p, committed, note.IdleFlushAt)
 	case err != nil:
 		return nil, 0, fmt.Errorf("partition %d: %w", p, err)
 	}
@@ -901,21 +912,16 @@ func (s *Service) restore(ctx context.Context, p int32, committed int64, meta st
 	}
 	snap := loaded.Snapshot
 	if s.cfg.ExactlyOnce {
-		id, hasID, err := checkpoint.ParseCommitMetadata(meta)
-		if err != nil {
-			s.log.Warn("exactly-once: the committed offset's metadata is not ours; matching the snapshot by offset alone",
-				zap.Int32("partition", p), zap.Error(err))
-		}
 		var stepBack, ok bool
-		snap, stepBack, ok = checkpoint.ForCommitted(loaded, committed, id, hasID)
+		snap, stepBack, ok = checkpoint.ForCommitted(loaded, committed, note.Snapshot, hasNote)
 		if !ok {
 			if loaded.Next < committed {
 				s.m.SnapshotsStale.Inc()
 			}
 			s.log.Warn("exactly-once: no snapshot matches the committed offset; rebuilding from the committed offset",
-				zap.Int32("partition", p), zap.Int64("committed", committed), zap.String("committed_snapshot", meta),
+				zap.Int32("partition", p), zap.Int64("committed", committed), zap.String("committed_snapshot", checkpoint.CommitMetadata(note)),
 				zap.Int64("snapshot_next", loaded.Next), zap.Uint64("snapshot_seq", loaded.Seq))
-			return s.rebuild(ctx, p, committed)
+			return s.rebuild(ctx, p, committed, note.IdleFlushAt)
 		}
 		if stepBack {
 			s.m.SnapshotStepBacks.Inc()
@@ -935,7 +941,7 @@ func (s *Service) restore(ctx context.Context, p int32, committed int64, meta st
 		s.m.SnapshotsStale.Inc()
 		s.log.Warn("the snapshot is behind the group's committed offset (another owner moved the partition on since it was saved): not resuming from it; rebuilding from the committed offset",
 			zap.Int32("partition", p), zap.Int64("snapshot_next", snap.Next), zap.Int64("committed", committed))
-		return s.rebuild(ctx, p, committed)
+		return s.rebuild(ctx, p, committed, -1)
 	}
 	proc, err := pipeline.Restore(cfg, snap.State)
 	if errors.Is(err, watermark.ErrSegment) {
@@ -958,7 +964,7 @@ func (s *Service) restore(ctx context.Context, p int32, committed int64, meta st
 		}
 		s.log.Warn("a dedupe segment of the snapshot is unusable and no other snapshot restores; rebuilding from the committed offset",
 			zap.Int32("partition", p), zap.Int64("committed", committed), zap.Bool("exactly_once", s.cfg.ExactlyOnce), zap.Error(err))
-		return s.rebuild(ctx, p, committed)
+		return s.rebuild(ctx, p, committed, note.IdleFlushAt)
 	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("partition %d: restore snapshot: %w", p, err)
@@ -967,10 +973,11 @@ func (s *Service) restore(ctx context.Context, p int32, committed int64, meta st
 }
 
 // rebuild starts a partition without a usable snapshot: empty state when
-// nothing was committed, else a warm-up read up to the committed offset.
-func (s *Service) rebuild(ctx context.Context, p int32, committed int64) (*pipeline.Processor, int64, error) {
+// nothing was committed, else a warm-up read up to the committed offset that
+// repeats the last idle flush at idleFlushAt (-1: none known).
+func (s *Service) rebuild(ctx context.Context, p int32, committed, idleFlushAt int64) (*pipeline.Processor, int64, error) {
 	if committed > 0 {
-		proc, err := s.warmUp(ctx, p, committed)
+		proc, err := s.warmUp(ctx, p, committed, idleFlushAt)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -1032,6 +1039,11 @@ func (s *Service) waitForInput(ctx context.Context) (int32, error) {
 		md, err := s.adm.Metadata(mctx, s.cfg.InputTopic)
 		cancel()
 		if err != nil {
+			// kadm turns a topic's authorization failure into the
+			// request's error.
+			if f := s.configError(err); f != nil {
+				return 0, f
+			}
 			return 0, fmt.Errorf("read topic metadata: %w", err)
 		}
 		td, ok := md.Topics[s.cfg.InputTopic]

@@ -33,9 +33,11 @@ package service
 //     ms_since_previous is null instead of the real gap (--entity-ttl history);
 //   - the idle-eviction sweep points, which shift for the rest of the run;
 //   - decisions the live run made from the wall clock (idle-timeout
-//     releases) or from events before the tail (an event that was late then
-//     may be accepted during the warm-up; it only touches buckets older than
-//     the largest window, so later aggregates are unaffected);
+//     releases) other than the last one, which an exactly-once commit records
+//     and the warm-up repeats (see warmUp), or from events before the tail (an
+//     event that was late then may be accepted during the warm-up; it only
+//     touches buckets older than the largest window, so later aggregates are
+//     unaffected);
 //   - records already deleted by retention, and a start point chosen by
 //     producer timestamps that are far from event times.
 //
@@ -64,7 +66,15 @@ const warmUpSlack = 5 * time.Minute
 const warmUpProbe = 64
 
 // warmUp builds partition p's processor from the records before committed.
-func (s *Service) warmUp(ctx context.Context, p int32, committed int64) (*pipeline.Processor, error) {
+// idleFlushAt, when it is in the range read, is where the previous owner
+// released its whole reorder buffer on the idle timeout (its Next then): the
+// warm-up releases everything pending at the same position, as that owner did,
+// discarding the outputs like every other. Without it, a partition whose input
+// went quiet would be rebuilt with the released events pending again, and the
+// new owner would publish them (under --exactly-once, commit them) a second
+// time. Earlier idle releases are not repeated: only the last one decides what
+// is still pending at the committed offset.
+func (s *Service) warmUp(ctx context.Context, p int32, committed, idleFlushAt int64) (*pipeline.Processor, error) {
 	start := time.Now()
 	var largest int64
 	for _, sp := range s.cfg.Specs {
@@ -94,15 +104,23 @@ func (s *Service) warmUp(ctx context.Context, p int32, committed int64) (*pipeli
 	}
 	discard := func(*pipeline.Output) {}
 	n := 0
+	flushed := idleFlushAt < from || idleFlushAt > committed // outside the range: nothing to repeat
 	if err := s.readRange(ctx, p, from, committed, func(r *kgo.Record) {
+		if !flushed && r.Offset >= idleFlushAt {
+			proc.Flush(discard)
+			flushed = true
+		}
 		n++
 		proc.Process(pipeline.Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value}, discard)
 	}); err != nil {
 		return nil, fmt.Errorf("partition %d: warm-up read %d..%d: %w", p, from, committed, err)
 	}
+	if !flushed {
+		proc.Flush(discard) // the flush came after the last record read
+	}
 	s.log.Warn("no snapshot for a partition with a committed offset: rebuilt its state by a warm-up read without emitting",
 		zap.Int32("partition", p), zap.Int64("from", from), zap.Int64("committed", committed),
-		zap.Int("records", n), zap.Int64("span_ms", span), zap.Duration("took", time.Since(start)))
+		zap.Int("records", n), zap.Int64("span_ms", span), zap.Int64("idle_flush_at", idleFlushAt), zap.Duration("took", time.Since(start)))
 	return proc, nil
 }
 

@@ -81,8 +81,12 @@ type worker struct {
 	//	           acknowledged; below savedNext after a commit failed, which
 	//	           the next interval, and any handover, retries
 	//	lastDurable when committed last caught up with savedNext
-	epoch       uint64 // this ownership's owner epoch (checkpoint.Store.Claim)
-	seq         uint64 // the last snapshot sequence number used under epoch
+	epoch uint64 // this ownership's owner epoch (checkpoint.Store.Claim)
+	seq   uint64 // the last snapshot sequence number used under epoch
+	// idleFlushAt is Next when the reorder buffer was last released whole on
+	// the idle timeout (-1: not known). Exactly-once commits carry it
+	// (checkpoint.CommitNote) for a warm-up to repeat.
+	idleFlushAt int64
 	dirty       bool
 	lastNext    int64
 	savedNext   int64
@@ -111,10 +115,10 @@ type worker struct {
 	recordsIn, features, lateApplied prometheus.Counter
 }
 
-func (s *Service) startWorker(p int32, proc *pipeline.Processor, txn *kgo.Client, epoch uint64, committed int64) *worker {
+func (s *Service) startWorker(p int32, proc *pipeline.Processor, txn *kgo.Client, epoch uint64, committed, idleFlushAt int64) *worker {
 	label := metrics.Partition(p)
 	w := &worker{
-		s: s, part: p, label: label, proc: proc, txn: txn, epoch: epoch,
+		s: s, part: p, label: label, proc: proc, txn: txn, epoch: epoch, idleFlushAt: idleFlushAt,
 		in:          make(chan batch, 4),
 		quit:        make(chan bool, 1),
 		done:        make(chan struct{}),
@@ -129,7 +133,7 @@ func (s *Service) startWorker(p int32, proc *pipeline.Processor, txn *kgo.Client
 	}
 	snk := s.sinks[int(p)%len(s.sinks)]
 	if txn != nil {
-		snk = sink.New(txn, s.cfg.OutputTopic, s.cfg.DLQTopic, s.cfg.Host).WithFeaturesPrefix(s.cfg.FeaturesValuePrefix)
+		snk = sink.New(txn, s.cfg.OutputTopic, s.cfg.DLQTopic, s.cfg.Host).WithFeaturesPrefix(s.cfg.FeaturesValuePrefix).WithBuild(s.cfg.Build)
 	}
 	w.tracker = snk.NewTracker(func(arrival int64) {
 		s.m.Latency.Observe(float64(time.Now().UnixNano()-arrival) / 1e9)
@@ -183,7 +187,11 @@ func (w *worker) run() {
 				now := time.Now()
 				w.tracker.SetClock(now.UnixMilli()) // Tick may release (emit) events
 				w.proc.SetClock(now)
+				pending := w.proc.Pending()
 				w.proc.Tick(w.emitFn)
+				if pending > 0 && w.proc.Pending() == 0 {
+					w.idleFlushAt = w.proc.Next() // Tick releases only everything, on idle
+				}
 				w.updatePressure()
 			}
 			if time.Since(lastCheckpoint) >= w.s.cfg.CheckpointInterval && !w.bgBusy {
@@ -492,20 +500,34 @@ func (w *worker) updateGauges() {
 	w.lastStats = st
 }
 
-// checkpoint runs the protocol for this partition, synchronously (every
-// exactly-once checkpoint; a default-mode revoke or shutdown):
+// The checkpointer. One protocol, per partition, whichever schedule runs it:
 //
-//	flush outputs → save snapshot durably → commit next
+//	cut      the snapshot begins at the current position (Next, and a cut of
+//	         the sink's epochs: every output produced before it belongs to
+//	         offsets below Next or to events the snapshot shows as released)
+//	persist  finish encoding → wait for exactly the outputs before the cut →
+//	         save the snapshot durably → commit Next (in exactly-once mode,
+//	         inside the transaction, naming the snapshot's ID)
+//	settle   on the partition goroutine, record how far persist got
 //
-// Invariant (both modes, and checkpointInBackground): the group's committed
-// offset for this partition is never ahead of a durable snapshot, and every
-// output for offsets below it is acknowledged. So committed ≤ savedNext, and
-// savedNext is set only once Save has returned.
+// Two schedules: checkpoint runs it synchronously (every exactly-once
+// checkpoint, and a default-mode revoke or shutdown); checkpointInBackground
+// (default mode, every interval) takes the snapshot in steps between batches
+// and persists it on a goroutine while processing goes on, one at a time.
 //
-// A checkpoint is due when the state is dirty, or when a commit failed
-// earlier (committed < savedNext, default mode): a handover must not leave the
-// group's offset behind the state that is durable, or the next owner re-reads
-// and republishes what this one already did.
+// Invariant (both modes, both schedules): the group's committed offset for
+// this partition is never ahead of a durable snapshot, and every output for
+// offsets below it is acknowledged. So committed ≤ savedNext, and savedNext
+// moves only in settle, once persist has seen Save return. A cut clears dirty
+// (changes after it make the state dirty again); a persist that did not save
+// makes it dirty again, so nothing is taken for durable that is not.
+//
+// A checkpoint is due when the state is dirty, or when a commit failed earlier
+// (committed < savedNext, default mode): a handover must not leave the group's
+// offset behind the durable state, or the next owner re-reads and republishes
+// what this one already did.
+
+// checkpoint runs the protocol synchronously.
 func (w *worker) checkpoint() error {
 	if !w.dirty {
 		return w.catchUpCommit()
@@ -518,54 +540,10 @@ func (w *worker) checkpoint() error {
 		return nil
 	}
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if err := w.tracker.Flush(ctx); err != nil {
-		w.s.m.ProduceErrors.Inc()
-		return fmt.Errorf("partition %d: flush before checkpoint: %w", w.part, err)
-	}
-	next := w.proc.Next()
-	snapStart := time.Now()
-	ps := w.proc.BeginSnapshot(w.snapBuf[:0])
-	ps.Step(math.MaxInt)
-	state, err := ps.Finish()
-	w.proc.EndSnapshot(ps)
-	w.snapBuf = ps.Bytes() // the next snapshot reuses the buffer
-	w.s.m.CheckpointPause.Observe(time.Since(snapStart).Seconds())
-	if err != nil {
-		w.s.m.CheckpointErrors.Inc()
-		return fmt.Errorf("partition %d: %w", w.part, err)
-	}
-	w.s.m.CheckpointWritten.WithLabelValues(w.label).Add(float64(len(state) + ps.SegmentBytes()))
-	w.seq++
-	snap := checkpoint.Snapshot{Next: next, State: state, Epoch: w.epoch, Seq: w.seq}
-	if err := w.s.cfg.Store.Save(ctx, w.s.key(w.part), snap); err != nil {
-		if !errors.Is(err, checkpoint.ErrFenced) {
-			w.s.m.CheckpointErrors.Inc()
-		}
-		return fmt.Errorf("partition %d: %w", w.part, err)
-	}
-	w.lastNext, w.dirty = next, false
-	w.savedNext, w.savedID = next, snap.ID()
-	w.deleteSegments(w.proc.SnapshotSaved(ps))
-	w.sweepSegments()
-	w.s.m.CheckpointBytes.WithLabelValues(w.label).Set(float64(len(w.snapBuf)))
-	if w.txn != nil {
-		// The snapshot above is durable before this commit: a crash in
-		// between leaves it ahead of the committed transaction, and restore
-		// steps back to the previous one, found by the ID this commit
-		// carries (checkpoint.ForCommitted).
-		if err := w.commitTxn(ctx, next, snap.ID()); err != nil {
-			w.s.m.CommitErrors.Inc()
-			return fmt.Errorf("partition %d: exactly-once commit of offset %d: %w", w.part, next, err)
-		}
-		w.txnRecords = 0
-		w.committed, w.lastDurable = next, time.Now()
-	} else {
-		w.commitLogged(ctx, next)
-	}
-	w.s.m.CheckpointSeconds.Observe(time.Since(start).Seconds())
-	return nil
+	sw := w.cut()
+	sw.snap.Step(math.MaxInt)
+	w.s.m.CheckpointPause.Observe(time.Since(start).Seconds())
+	return w.settle(w.persist(sw))
 }
 
 // catchUpCommit commits the offset of the last durable snapshot when an
@@ -594,46 +572,46 @@ func (w *worker) commitLogged(ctx context.Context, next int64) {
 	w.committed, w.lastDurable = max(w.committed, next), time.Now()
 }
 
-// checkpointInBackground runs the default-mode protocol without stalling the
-// partition: the snapshot is begun here, at a cut of the sink's epochs, taken in
-// steps of about a millisecond between batches (advanceSweep), and then a
-// goroutine finishes encoding it, waits for exactly the outputs produced before
-// the cut, saves it and commits its offset while processing goes on. Only one
-// runs at a time; an interval that finds one still running is skipped.
-//
-// The invariant of checkpoint holds: the goroutine commits only after the
-// snapshot is durable and every output for the offsets below it is
-// acknowledged; outputs produced after the cut belong to offsets at or above
-// it, or to events released after it, which the next snapshot covers. The
-// cut clears dirty (changes after it make the state dirty again); savedNext
-// and committed move only when backgroundDone hears the goroutine succeeded,
-// and a failed save makes the state dirty again.
+// checkpointInBackground runs the protocol without stalling the partition
+// (default mode): the snapshot is cut here, taken in steps of about a
+// millisecond between batches (advanceSweep), and then persisted on a
+// goroutine while processing goes on; backgroundDone settles it. Only one runs
+// at a time; an interval that finds one still running is skipped.
 func (w *worker) checkpointInBackground() error {
 	if !w.dirty {
 		return w.catchUpCommit()
 	}
 	start := time.Now()
-	w.seq++
-	w.sweep = &sweep{
-		snap:  w.proc.BeginSnapshot(w.snapBuf[:0]),
-		next:  w.proc.Next(),
-		id:    checkpoint.ID{Epoch: w.epoch, Seq: w.seq},
-		epoch: w.tracker.Cut(), // at the snapshot: no output in between
-		start: start,
-	}
-	w.snapBuf = nil // owned by the snapshot until bgDone returns it
-	w.lastNext, w.dirty, w.bgBusy = w.sweep.next, false, true
+	w.sweep = w.cut()
+	w.bgBusy = true
 	w.s.m.CheckpointPause.Observe(time.Since(start).Seconds())
 	w.advanceSweep(sweepSlice)
 	return nil
 }
 
-// sweep is a background checkpoint whose snapshot is still being taken in steps
-// (see pipeline.Processor.BeginSnapshot).
+// cut begins a snapshot at the current position.
+func (w *worker) cut() *sweep {
+	w.seq++
+	sw := &sweep{
+		snap:  w.proc.BeginSnapshot(w.snapBuf[:0]),
+		next:  w.proc.Next(),
+		id:    checkpoint.ID{Epoch: w.epoch, Seq: w.seq},
+		flush: w.idleFlushAt,
+		epoch: w.tracker.Cut(), // at the snapshot: no output in between
+		start: time.Now(),
+	}
+	w.snapBuf = nil // owned by the snapshot until settle returns it
+	w.lastNext, w.dirty = sw.next, false
+	return sw
+}
+
+// sweep is a checkpoint whose snapshot was cut (see
+// pipeline.Processor.BeginSnapshot) and is being taken or persisted.
 type sweep struct {
 	snap  *pipeline.PendingSnapshot
 	next  int64
 	id    checkpoint.ID
+	flush int64 // idleFlushAt at the cut
 	epoch *sink.Epoch
 	start time.Time
 }
@@ -651,9 +629,8 @@ const (
 	sweepStep = 256
 )
 
-// advanceSweep takes more of the snapshot in progress, for about d, and once it is
-// complete hands it to a goroutine that finishes encoding it, waits for exactly
-// the outputs produced before the cut, saves it and commits its offset.
+// advanceSweep takes more of the snapshot in progress, for about d, and once
+// it is complete hands it to a goroutine that persists it.
 func (w *worker) advanceSweep(d time.Duration) {
 	sw := w.sweep
 	if sw == nil {
@@ -669,20 +646,7 @@ func (w *worker) advanceSweep(d time.Duration) {
 		return
 	}
 	w.sweep = nil
-	go func() {
-		res := bgResult{snap: sw.snap, next: sw.next, id: sw.id}
-		state, err := sw.snap.Finish()
-		if err != nil {
-			w.s.m.CheckpointErrors.Inc()
-			res.err = fmt.Errorf("partition %d: %w", w.part, err)
-			w.bgDone <- res
-			return
-		}
-		w.s.m.CheckpointBytes.WithLabelValues(w.label).Set(float64(len(state)))
-		w.s.m.CheckpointWritten.WithLabelValues(w.label).Add(float64(len(state) + sw.snap.SegmentBytes()))
-		res.saved, res.committed, res.err = w.finishCheckpoint(sw, state)
-		w.bgDone <- res
-	}()
+	go func() { w.bgDone <- w.persist(sw) }()
 }
 
 // completeSweep takes the rest of a snapshot in progress at once: before a
@@ -694,61 +658,81 @@ func (w *worker) completeSweep() {
 	}
 }
 
-// finishCheckpoint waits for the outputs of the cut, saves the snapshot and
-// commits its offset; it runs on the background checkpoint's goroutine and
-// touches none of the partition goroutine's fields. Once the worker is
-// released (the partition lost or revoked) it stops before the save and
-// before the commit: an old owner must not move the group's offset.
-func (w *worker) finishCheckpoint(sw *sweep, state []byte) (saved, committed bool, err error) {
+// persist finishes encoding a cut snapshot, waits for the outputs before the
+// cut, saves the snapshot and commits its offset. It runs on the partition
+// goroutine or on a background one, so it touches none of the partition
+// goroutine's fields (the tracker and the transactional client are safe to
+// use from any goroutine; the exactly-once schedule is synchronous). Once the
+// worker is released (the partition lost or revoked) it stops before the save
+// and before the commit: an old owner must not move the group's offset.
+func (w *worker) persist(sw *sweep) bgResult {
+	res := bgResult{snap: sw.snap, next: sw.next, id: sw.id}
+	state, err := sw.snap.Finish()
+	if err != nil {
+		w.s.m.CheckpointErrors.Inc()
+		res.err = fmt.Errorf("partition %d: %w", w.part, err)
+		return res
+	}
+	w.s.m.CheckpointBytes.WithLabelValues(w.label).Set(float64(len(state)))
+	w.s.m.CheckpointWritten.WithLabelValues(w.label).Add(float64(len(state) + sw.snap.SegmentBytes()))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if err := sw.epoch.Wait(ctx); err != nil {
 		w.s.m.ProduceErrors.Inc()
-		return false, false, fmt.Errorf("partition %d: flush before checkpoint: %w", w.part, err)
+		res.err = fmt.Errorf("partition %d: flush before checkpoint: %w", w.part, err)
+		return res
 	}
 	if err := w.tracker.Err(); err != nil {
 		w.s.m.ProduceErrors.Inc()
-		return false, false, fmt.Errorf("partition %d: %w", w.part, err)
+		res.err = fmt.Errorf("partition %d: %w", w.part, err)
+		return res
 	}
 	if w.released.Load() {
-		return false, false, nil
+		return res
 	}
 	snap := checkpoint.Snapshot{Next: sw.next, State: state, Epoch: sw.id.Epoch, Seq: sw.id.Seq}
 	if err := w.s.cfg.Store.Save(ctx, w.s.key(w.part), snap); err != nil {
 		if !errors.Is(err, checkpoint.ErrFenced) {
 			w.s.m.CheckpointErrors.Inc()
 		}
-		return false, false, fmt.Errorf("partition %d: %w", w.part, err)
+		res.err = fmt.Errorf("partition %d: %w", w.part, err)
+		return res
 	}
+	res.saved = true
 	if w.released.Load() {
-		return true, false, nil
+		return res
 	}
-	if err := w.commit(ctx, sw.next); err != nil {
+	if w.txn != nil {
+		// The snapshot above is durable before this commit: a crash in
+		// between leaves it ahead of the committed transaction, and restore
+		// steps back to the previous one, found by the ID this commit
+		// carries (checkpoint.ForCommitted).
+		if err := w.commitTxn(ctx, sw.next, checkpoint.CommitNote{Snapshot: sw.id, IdleFlushAt: sw.flush}); err != nil {
+			w.s.m.CommitErrors.Inc()
+			res.err = fmt.Errorf("partition %d: exactly-once commit of offset %d: %w", w.part, sw.next, err)
+			return res
+		}
+		res.committed = true
+	} else if err := w.commit(ctx, sw.next); err != nil {
+		// Not an error: the snapshot is saved, so a restart resumes from it
+		// whatever the group's offset says; settle leaves committed behind
+		// and the next checkpoint retries.
 		w.s.m.CommitErrors.Inc()
 		w.s.log.Warn("offset commit failed; retried at the next checkpoint", zap.Int32("partition", w.part), zap.Int64("next", sw.next), zap.Error(err))
 	} else {
-		committed = true
+		res.committed = true
 	}
 	w.s.m.CheckpointSeconds.Observe(time.Since(sw.start).Seconds())
 	if ce := w.s.log.Check(zap.DebugLevel, "checkpoint saved"); ce != nil {
 		ce.Write(zap.Int32("partition", w.part), zap.Int64("next", sw.next), zap.Int("bytes", len(state)),
 			zap.Time("began", sw.start), zap.Duration("took", time.Since(sw.start)))
 	}
-	return true, committed, nil
+	return res
 }
 
-// waitBackground waits for a background checkpoint still running.
-func (w *worker) waitBackground() error {
-	if !w.bgBusy {
-		return nil
-	}
-	return w.backgroundDone(<-w.bgDone)
-}
-
-// backgroundDone takes back what a finished background checkpoint borrowed,
-// and records how far it got (on the partition goroutine).
-func (w *worker) backgroundDone(res bgResult) error {
-	w.bgBusy = false
+// settle records, on the partition goroutine, how far a persist got, and
+// takes back what the snapshot borrowed.
+func (w *worker) settle(res bgResult) error {
 	w.proc.EndSnapshot(res.snap)
 	w.snapBuf = res.snap.Bytes()[:0]
 	if res.saved {
@@ -761,8 +745,25 @@ func (w *worker) backgroundDone(res bgResult) error {
 	}
 	if res.committed {
 		w.committed, w.lastDurable = max(w.committed, res.next), time.Now()
+		if w.txn != nil {
+			w.txnRecords = 0 // the synchronous schedule: nothing was emitted since the cut
+		}
 	}
 	return res.err
+}
+
+// waitBackground waits for a background checkpoint still running.
+func (w *worker) waitBackground() error {
+	if !w.bgBusy {
+		return nil
+	}
+	return w.backgroundDone(<-w.bgDone)
+}
+
+// backgroundDone settles a finished background checkpoint.
+func (w *worker) backgroundDone(res bgResult) error {
+	w.bgBusy = false
+	return w.settle(res)
 }
 
 // segmentSweepEvery is how often an owner looks for dedupe segments that no

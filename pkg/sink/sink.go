@@ -36,6 +36,7 @@ type Sink struct {
 	dlqTopic    string
 	host        []byte
 	prefix      []byte    // written before every features value; see WithFeaturesPrefix
+	build       []byte    // the velocity.build header's value; see WithBuild
 	pend        sync.Pool // *pending: a record and its bookkeeping, reused after its promise
 	chunks      sync.Pool // *chunk: arena chunks whose records were all acknowledged
 }
@@ -71,8 +72,9 @@ type pending struct {
 	hdrs [deadHeaders]kgo.RecordHeader
 }
 
-// deadHeaders is how many headers a dead letter carries, the most of any record.
-const deadHeaders = 5
+// deadHeaders is how many headers a dead letter carries, the most of any
+// record: the contract's five and the build.
+const deadHeaders = 6
 
 // chunk is a piece of arena memory shared by the keys and values of many
 // records. refs counts those records still in flight plus one while the
@@ -90,6 +92,14 @@ type chunk struct {
 // Call it before the first Features.
 func (s *Sink) WithFeaturesPrefix(prefix []byte) *Sink {
 	s.prefix = append([]byte(nil), prefix...)
+	return s
+}
+
+// WithBuild puts build in a velocity.build header of every record (features
+// and dead letters), so that a backtest can tell which code produced which
+// record; empty leaves the header out. Call it before the first record.
+func (s *Sink) WithBuild(build string) *Sink {
+	s.build = []byte(build)
 	return s
 }
 
@@ -133,6 +143,9 @@ func Compression(name string) (kgo.Opt, error) {
 const (
 	HeaderEmittedAt = "velocity.emitted_at" // Unix ms when the features record was produced
 	HeaderHost      = "velocity.host"
+	// HeaderBuild names the build that produced a record (features and dead
+	// letters alike): "velocity-consumer/<version>[+<revision>] <go version>".
+	HeaderBuild = "velocity.build"
 )
 
 // Epoch is the set of records a Tracker produced between two Cuts. A
@@ -280,6 +293,10 @@ func (t *Tracker) Features(key, value []byte, arrival int64) {
 	p.hdrs[0] = kgo.RecordHeader{Key: HeaderEmittedAt, Value: emitted}
 	p.hdrs[1] = kgo.RecordHeader{Key: HeaderHost, Value: t.sink.host}
 	p.rec.Headers = p.hdrs[:2]
+	if len(t.sink.build) > 0 {
+		p.hdrs[2] = kgo.RecordHeader{Key: HeaderBuild, Value: t.sink.build}
+		p.rec.Headers = p.hdrs[:3]
+	}
 	t.copyInto(p, key, t.sink.prefix, value)
 	t.produce(p, arrival)
 }
@@ -305,8 +322,12 @@ func (t *Tracker) Dead(d DeadLetter) {
 		{Key: codec.HeaderSourceTopic, Value: []byte(d.SourceTopic)},
 		{Key: codec.HeaderSourcePartition, Value: strconv.AppendInt(nil, int64(d.SourcePartition), 10)},
 		{Key: codec.HeaderSourceOffset, Value: strconv.AppendInt(nil, d.SourceOffset, 10)},
+		{Key: HeaderBuild, Value: t.sink.build},
 	}
 	p.rec.Headers = p.hdrs[:]
+	if len(t.sink.build) == 0 {
+		p.rec.Headers = p.hdrs[:deadHeaders-1]
+	}
 	t.copyInto(p, d.Key, nil, d.Value)
 	t.produce(p, -1)
 }
@@ -348,7 +369,7 @@ func promise(r *kgo.Record, err error) {
 	if p.c != nil {
 		t.sink.release(p.c)
 	}
-	if len(r.Headers) > 2 {
+	if len(r.Headers) > 0 && r.Headers[0].Key == codec.HeaderReason {
 		p.hdrs = [deadHeaders]kgo.RecordHeader{} // a dead letter's header values are its own memory: drop them
 	}
 	// Field by field: the client may still read the record's Context (a

@@ -1,6 +1,6 @@
 // Package watermark turns one partition's arrival order into event-time order.
 //
-// A Stage owns, for one partition, the state behind DESIGN.md "Semantics":
+// A Stage owns, for one partition, the state behind the contract (docs/contract.md):
 //
 //   - maxSeen, the largest event time of the events it accepted, and the watermark
 //     wm = maxSeen − AllowedLateness. Rejected events never move it.

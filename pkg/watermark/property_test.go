@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-// oracle is the definition of DESIGN.md "Semantics", written to be obviously right
+// oracle is the definition of docs/contract.md, written to be obviously right
 // rather than fast: every acceptance is kept forever in a list and every question is
 // answered by scanning it.
 type oracle struct {

@@ -54,7 +54,7 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 	}
 }
 
-// TestExamples replays the worked example of EXAMPLES.md (lateness 2 s). The invalid
+// TestExamples replays the worked example of docs/contract.md (lateness 2 s). The invalid
 // row (offset 8) never reaches this stage: validation rejects it first.
 func TestExamples(t *testing.T) {
 	s := mustNew(t, Config{AllowedLateness: 2000})

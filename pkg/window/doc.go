@@ -8,11 +8,11 @@
 // immediately. It is not for Kafka, time-zone aware calendars, approximate sketches
 // or concurrent use: a Table belongs to one partition's goroutine.
 //
-// Semantics (DESIGN.md, "Semantics"): a window W:b has N = W/b buckets and the
+// Semantics (docs/contract.md, the window rule): a window W:b has N = W/b buckets and the
 // bucket of an event at time t is k = floor(t/b). An event's window i covers the
 // entity's counted events in buckets k−N+1 … k, the event itself included.
 // Arithmetic is int64 throughout; a sum or count that would overflow is an error
-// (ErrOverflow), never a wrap, and amounts must be non-negative (DESIGN's contract is
+// (ErrOverflow), never a wrap, and amounts must be non-negative (the contract's
 // 0 ≤ amount ≤ 10^15), which is what makes every partial sum bounded by the window
 // sum and lets a single check at the top of Apply rule out overflow everywhere.
 //

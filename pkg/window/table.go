@@ -171,7 +171,8 @@ func floorDiv(a, b int64) int64 {
 // back buckets max(k−N+1, K−N+1) … k, i.e. what is retained up to its own bucket;
 // otherwise it returns an error wrapping ErrExpired and changes nothing. Buckets are
 // addressed by index, never by ring slot, so an old event cannot touch a newer bucket
-// (the seed library's corruption bug, DESIGN "Lessons" 1).
+// (the seed library's corruption bug: a late event written into a ring slot that a
+// newer bucket had already reused).
 //
 // Errors wrap ErrExpired, ErrOverflow or ErrInput; on error nothing changes and out is
 // unspecified.

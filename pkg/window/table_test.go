@@ -53,7 +53,7 @@ func makeBusy(t testing.TB, tbl *Table, id string, at int64) {
 	}
 }
 
-// TestExamplesTable replays EXAMPLES.md's counted events in release order.
+// TestExamplesTable replays the worked example's counted events (docs/contract.md) in release order.
 func TestExamplesTable(t *testing.T) {
 	tbl := mustTable(t, "10s:1s,1m:10s", Options{})
 	T := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC).UnixMilli()

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Hand-written edge cases, run through product and oracle (difftest.compare),
-plus the EXAMPLES.md table checked against hand-coded expectations."""
+plus the worked example of docs/contract.md checked against hand-coded expectations."""
 import json, os, sys, tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import difftest, oracle
@@ -26,7 +26,7 @@ EX = [("e1","card-A",1000,0),("e2","card-A",2500,400),("e3","card-B",700,900),("
       ("e9","",10,3300),("e10","card-A",40,3200),("e11","card-A",60,11000),("e12","card-B",80,75000)]
 exfl = flags(windows="10s:1s,1m:10s", allowed_lateness="2s")
 case("examples_md", exfl, [tx(e, n, a, T + t, "EUR") for e, n, a, t in EX])
-# expected table from EXAMPLES.md: offset -> (10s c/s/min/max, 1m ..., msp) or reason
+# the worked example of docs/contract.md: offset -> (10s c/s/min/max, 1m ..., msp) or reason
 EXPECT = {0: ((1,1000,1000,1000),(1,1000,1000,1000),None), 1: ((2,3500,1000,2500),(2,3500,1000,2500),400),
           2: ((1,700,700,700),(1,700,700,700),None), 3: ((3,3800,300,2500),(3,3800,300,2500),1100),
           4: ((5,8900,100,5000),(5,8900,100,5000),1300), 5: ((4,3900,100,2500),(4,3900,100,2500),400),
@@ -80,7 +80,7 @@ def main():
         r = difftest.compare(lines, fl, d)
         print("%-32s %s" % (name, "PASS" if r is None else "FAIL\n  " + r.replace("\n", "\n  ")))
         bad += r is not None
-    # EXAMPLES.md table, independently of the oracle
+    # the contract's worked example, independently of the oracle
     name, fl, lines = CASES[0]
     pf, pd, _ = difftest.run_product(lines, fl, d)
     got = {}

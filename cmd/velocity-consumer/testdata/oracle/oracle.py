@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Independent reference implementation of velocity-consumer semantics
-(DESIGN.md "Semantics", EXAMPLES.md, README.md), for JSON-lines replay of one
+(docs/contract.md: the rules and the worked example), for JSON-lines replay of one
 partition. Stdlib only.
 
 Interpretation choices (flagged in the report where the spec is silent):
@@ -16,7 +16,7 @@ Interpretation choices (flagged in the report where the spec is silent):
   * dedupe horizon: an accepted id is remembered while its event_time >=
     maxT - horizon (maxT = newest accepted event time).
 
-Two rules are the product's own (README "Semantics"), beyond DESIGN.md:
+Two rules that the first statement of the contract left out, and docs/contract.md now states:
   * late=apply also requires the late event to be at most the largest window
     behind the watermark (idle entities are swept that far behind it).
   * ms_since_previous is null when the entity's previous counted event is more
@@ -173,7 +173,7 @@ class Partition:
         if not isinstance(obj, dict):
             return None
         tx = {}
-        # JSON-lines mapping (README silent; observed/adopted): a missing or null
+        # JSON-lines mapping (docs/backtesting.md, "Files as input"): a missing or null
         # string field reads as "" (then validated); numbers must be JSON integers.
         for f in ("event_id", "entity_id", "currency"):
             v = obj.get(f)

@@ -21,7 +21,8 @@ import org.apache.kafka.streams.state.KeyValueStore;
 import org.apache.kafka.streams.state.Stores;
 
 /**
- * Peer 1 of issue 9: velocity features the way a team hand-rolls them in Kafka Streams.
+ * The Kafka Streams peer of the end-to-end comparison: velocity features the way a team
+ * hand-rolls them in Kafka Streams, to measure ours against the usual alternative.
  *
  * <p>A Processor API topology (source, one processor with a persistent RocksDB
  * KeyValueStore of per-entity bucket rings, sink). For every input record it decodes the
