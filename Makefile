@@ -11,6 +11,8 @@
 #   make kafka-start | kafka-stop | kafka-status   a broker on 127.0.0.1:9092 for development
 #   make bench-peers        ours against Kafka Streams and the seed Python library (BENCHMARKS.md)
 #   make bench-api          the query API under lookup load while ingesting at half of peak
+#   make chaos              the randomized fault checker's long schedules (docs/fault-checker.md);
+#                           its short schedule runs inside test-integration
 #
 # Every run lists the tests that skipped, with their reasons (scripts/skipped-tests.sh),
 # so a skip is never mistaken for a pass. Two unit tests use Python as an independent
@@ -33,7 +35,7 @@ GOTESTFLAGS ?=
 VELOCITY_REQUIRE_PYTHON ?= 1
 export VELOCITY_REQUIRE_PYTHON
 
-.PHONY: demo test test-unit test-integration check docs kafka-start kafka-stop kafka-status bench-peers bench-api
+.PHONY: demo test test-unit test-integration check docs kafka-start kafka-stop kafka-status bench-peers bench-api chaos
 
 demo:
 	$(GO) run ./cmd/velocity-consumer demo
@@ -113,10 +115,30 @@ bench-peers:
 	python3 bench/python/seed_window.py $(BENCH_DIR)/seq-100k.bin --passes 5
 	VELOCITY_BENCH_SEQ=$(BENCH_DIR)/seq-100k.bin $(GO) test -run '^$$' -bench SeedSequence -count 5 ./cmd/velocity-bench/
 
-# Issue 23 (BENCHMARKS.md, "Query API"): needs the broker of `make kafka-start` (or
+# BENCHMARKS.md, "Query API": needs the broker of `make kafka-start` (or
 # BENCH_BROKERS). Peak run, then half of it paced, without and with 20 000 lookups/s.
 BENCH_BROKERS ?= 127.0.0.1:9092
 bench-api:
 	$(GO) build -o bin/velocity-consumer ./cmd/velocity-consumer
 	$(GO) build -o bin/velocity-bench ./cmd/velocity-bench
 	bin/velocity-bench api --brokers $(BENCH_BROKERS) --vc bin/velocity-consumer --workdir bin/bench-api
+
+# The randomized fault checker's long schedules (docs/fault-checker.md). Each
+# store (kafka, file) runs CHAOS_RUNS random seeds, or the seeds in CHAOS_SEEDS
+# (comma-separated): a schedule of about CHAOS_DURATION plus a minute or two of final
+# checks, against a default-mode and an --exactly-once group at once. It starts a private broker of its own (Java 17 + Maven).
+# Logs of every run are kept under CHAOS_LOGS; one line per run is appended to CHAOS_REPORT.
+CHAOS_DURATION ?= 10m
+CHAOS_RUNS ?= 1
+CHAOS_SEEDS ?=
+CHAOS_LOGS ?= bin/chaos
+CHAOS_REPORT ?= $(CHAOS_LOGS)/report.tsv
+CHAOS_TIMEOUT ?= 6h
+# One store only: CHAOS_STORES=kafka or CHAOS_STORES=file
+CHAOS_STORES ?=
+chaos:
+	mkdir -p $(CHAOS_LOGS)
+	VELOCITY_REQUIRE_KAFKA=1 VELOCITY_CHAOS_DURATION=$(CHAOS_DURATION) VELOCITY_CHAOS_RUNS=$(CHAOS_RUNS) \
+		VELOCITY_CHAOS_SEED=$(CHAOS_SEEDS) VELOCITY_CHAOS_LOGS=$(abspath $(CHAOS_LOGS)) \
+		VELOCITY_CHAOS_REPORT=$(abspath $(CHAOS_REPORT)) \
+		$(GO) test -tags integration -count=1 -v -timeout $(CHAOS_TIMEOUT) -run 'TestChaos$$/$(CHAOS_STORES)' $(GOTESTFLAGS) ./integration/chaos/

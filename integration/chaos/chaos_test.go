@@ -1,0 +1,783 @@
+//go:build integration
+
+package chaos
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/velocity-consumer/velocity-consumer/integration/kafkatest"
+)
+
+// The service's timing flags in every run. The checks' waits derive from them.
+const (
+	checkpointInterval = time.Second
+	idleTimeout        = 2 * time.Second
+	sessionTimeout     = 6 * time.Second // the least the broker accepts by default
+	slots              = 3               // instances 0..2; 1 and 2 run only between a scale-up and a scale-down
+	gracefulStop       = 60 * time.Second
+)
+
+// Environment of the checker (docs/fault-checker.md).
+//
+//	VELOCITY_CHAOS_SEED       seeds, comma-separated: run these schedules (default: one random seed per store)
+//	VELOCITY_CHAOS_RUNS       random seeds per store when VELOCITY_CHAOS_SEED is unset (default 1)
+//	VELOCITY_CHAOS_DURATION   least planned length of each fault schedule, before the final checks (default 0: one round, 25-40s planned)
+//	VELOCITY_CHAOS_SLACK      extra wait, on top of --checkpoint-interval + --idle-timeout, for outputs after the input goes quiet (default 15s)
+//	VELOCITY_CHAOS_LOGS       keep every run's logs under this directory (default: a temporary directory kept only when the run fails)
+//	VELOCITY_CHAOS_REPORT     append one line per run and mode (date, store, mode, seed, outcome) to this file
+type chaosEnv struct {
+	seeds    []uint64
+	duration time.Duration
+	slack    time.Duration
+	logs     string
+	report   string
+}
+
+func readEnv(t *testing.T) chaosEnv {
+	e := chaosEnv{slack: 15 * time.Second, logs: os.Getenv("VELOCITY_CHAOS_LOGS"), report: os.Getenv("VELOCITY_CHAOS_REPORT")}
+	dur := func(name string, d *time.Duration) {
+		if v := os.Getenv(name); v != "" {
+			x, err := time.ParseDuration(v)
+			if err != nil || x < 0 {
+				t.Fatalf("%s=%q: want a duration such as 10m", name, v)
+			}
+			*d = x
+		}
+	}
+	dur("VELOCITY_CHAOS_DURATION", &e.duration)
+	dur("VELOCITY_CHAOS_SLACK", &e.slack)
+	if v := os.Getenv("VELOCITY_CHAOS_SEED"); v != "" {
+		for _, s := range strings.Split(v, ",") {
+			n, err := strconv.ParseUint(strings.TrimSpace(s), 10, 64)
+			if err != nil {
+				t.Fatalf("VELOCITY_CHAOS_SEED=%q: want seeds, comma-separated unsigned integers", v)
+			}
+			e.seeds = append(e.seeds, n)
+		}
+	}
+	return e
+}
+
+func randomSeeds(t *testing.T) []uint64 {
+	runs := 1
+	if v := os.Getenv("VELOCITY_CHAOS_RUNS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("VELOCITY_CHAOS_RUNS=%q: want a positive integer", v)
+		}
+		runs = n
+	}
+	var seeds []uint64
+	for range runs {
+		var b [8]byte
+		_, _ = crand.Read(b[:])
+		seeds = append(seeds, binary.LittleEndian.Uint64(b[:])%1_000_000_000) // short enough to type
+	}
+	return seeds
+}
+
+// TestChaos runs the randomized fault checker: for each checkpoint store
+// (kafka, and a file:// directory per instance), one seeded schedule (more
+// with VELOCITY_CHAOS_SEED or VELOCITY_CHAOS_RUNS), on one private broker
+// that the schedules restart. Each run has two consumer groups on the same
+// input, one in the default mode and one with --exactly-once, and every fault
+// of the schedule hits both at once (instance N of each group is killed,
+// frozen, started and stopped together), so one schedule covers both cells
+// of its store. See the package doc and docs/fault-checker.md.
+func TestChaos(t *testing.T) {
+	env := readEnv(t)
+	b := kafkatest.StartPrivateBroker(t)
+	bin := buildBinary(t)
+	for _, store := range []string{"kafka", "file"} {
+		t.Run(store, func(t *testing.T) {
+			seeds := env.seeds
+			if seeds == nil {
+				seeds = randomSeeds(t)
+			}
+			for _, seed := range seeds {
+				t.Run(fmt.Sprintf("seed-%d", seed), func(t *testing.T) {
+					runChaos(t, b, bin, store, seed, env)
+				})
+			}
+		})
+	}
+}
+
+// buildBinary builds the service once per test binary.
+var (
+	buildOnce sync.Once
+	buildPath string
+	buildErr  error
+)
+
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		out, err := exec.Command("go", "env", "GOMOD").Output()
+		if err != nil {
+			buildErr = fmt.Errorf("go env GOMOD: %w", err)
+			return
+		}
+		root := filepath.Dir(strings.TrimSpace(string(out)))
+		dir, err := os.MkdirTemp("", "velocity-chaos-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		buildPath = filepath.Join(dir, "velocity-consumer")
+		cmd := exec.Command("go", "build", "-o", buildPath, "./cmd/velocity-consumer")
+		cmd.Dir = root
+		if b, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, b)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	t.Cleanup(func() { os.RemoveAll(filepath.Dir(buildPath)) })
+	return buildPath
+}
+
+// childEnv is the environment of the processes: the test's, less every
+// VELOCITY_* variable (each would set a flag of the service).
+func childEnv() []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "VELOCITY_") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// The semantic flags, the same for run and replay.
+var semantics = []string{
+	"--allowed-lateness", allowedLateness.String(),
+	"--max-record-bytes", strconv.Itoa(maxRecordBytes),
+	"--compression", "none",
+}
+
+// group is one consumer group of a run: one mode, its own output topics,
+// instances and readers.
+type group struct {
+	mode     string // "default" or "eos"
+	eos      bool
+	name     string
+	out, dlq string
+	inst     [slots]*instance
+	live     *collector // read_committed under --exactly-once
+	raw      *collector // read_uncommitted; the same as live in the default mode
+	cps      []checkpoint
+}
+
+// run is one schedule over one input, consumed by a default-mode group and
+// an exactly-once group with the same checkpoint store kind.
+type run struct {
+	t      *testing.T
+	b      *kafkatest.PrivateBroker
+	store  string
+	sched  schedule
+	env    chaosEnv
+	ctx    context.Context
+	dir    string
+	tl     *timeline
+	groups []*group
+	prod   *producer
+	input  string
+	notes  []string // what the processes did that the topic checks do not judge
+	faults map[faultKind]int
+	// lastFault is when the last fault ended: the final checks begin a
+	// session timeout after it, once its rebalance is over.
+	lastFault time.Time
+}
+
+func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin, store string, seed uint64, env chaosEnv) {
+	sched := makeSchedule(seed, env.duration, planTimes{session: sessionTimeout, idle: idleTimeout})
+	repro := fmt.Sprintf("VELOCITY_REQUIRE_KAFKA=1 VELOCITY_CHAOS_SEED=%d VELOCITY_CHAOS_DURATION=%s go test -tags integration -count=1 -v -run 'TestChaos/%s/' ./integration/chaos/",
+		seed, env.duration, store)
+	fmt.Fprintf(os.Stderr, "chaos: store %s, seed %d (reproduce: %s)\n", store, seed, repro)
+	t.Logf("chaos: store %s, seed %d; reproduce with:\n  %s\n%s", store, seed, repro, sched)
+
+	dir, keep := logDir(t, env, store, seed)
+	r := &run{t: t, b: b, store: store, sched: sched, env: env, dir: dir, faults: map[faultKind]int{}}
+	r.ctx = kafkatest.Context(t, sched.length()+10*time.Minute)
+	tl, err := newTimeline(dir, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.tl = tl
+	if err := os.WriteFile(filepath.Join(dir, "schedule.txt"), []byte(sched.String()+"\nreproduce: "+repro+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	addr := b.Addr
+	keepAll := map[string]string{"retention.ms": "-1"}
+	r.input = kafkatest.CreateTopic(t, addr, partitions, keepAll)
+	for _, eos := range []bool{false, true} {
+		g := &group{mode: "default", eos: eos, name: kafkatest.Group(t),
+			out: kafkatest.CreateTopic(t, addr, partitions, keepAll), dlq: kafkatest.CreateTopic(t, addr, partitions, keepAll)}
+		if eos {
+			g.mode = "eos"
+		}
+		snapTopic := kafkatest.Name(t, "snap")
+		for i := range g.inst {
+			st := "kafka://" + snapTopic
+			if store == "file" {
+				sd := filepath.Join(dir, fmt.Sprintf("%s-state-%d", g.mode, i))
+				if err := os.MkdirAll(sd, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				st = "file://" + sd
+			}
+			args := append([]string{
+				"--brokers", addr, "--group", g.name, "--input-topic", r.input,
+				"--output-topic", g.out, "--dlq-topic", g.dlq, "--checkpoint-store", st,
+				"--checkpoint-interval", checkpointInterval.String(), "--idle-timeout", idleTimeout.String(),
+				"--session-timeout", sessionTimeout.String(), "--metrics-addr", "", "--log-level", "info",
+			}, semantics...)
+			if eos {
+				args = append(args, "--exactly-once")
+			}
+			g.inst[i] = &instance{name: fmt.Sprintf("%s-%d", g.mode, i), bin: bin, args: args,
+				logs: filepath.Join(dir, fmt.Sprintf("%s-%d.log", g.mode, i)), tl: tl}
+		}
+		if g.live, err = newCollector(r.ctx, addr, g.out, g.dlq, eos); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(g.live.close)
+		g.raw = g.live
+		if eos {
+			if g.raw, err = newCollector(r.ctx, addr, g.out, g.dlq, false); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(g.raw.close)
+		}
+		r.groups = append(r.groups, g)
+	}
+	t.Cleanup(func() {
+		var all []*instance
+		for _, g := range r.groups {
+			all = append(all, g.inst[:]...)
+		}
+		for _, in := range all {
+			_, _ = in.stop(syscall.SIGKILL, 10*time.Second)
+		}
+		tl.close()
+		if t.Failed() || keep {
+			t.Logf("chaos: logs of this run (instances, timeline, schedule) kept in %s", dir)
+		} else {
+			os.RemoveAll(dir)
+		}
+	})
+	// No delivery timeout: franz-go measures it from the record's timestamp,
+	// which is the event time, days ago. producer.burst bounds the wait.
+	pcl := kafkatest.Client(t, addr, kgo.DefaultProduceTopic(r.input), kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.ProducerLinger(5*time.Millisecond), kgo.RecordDeliveryTimeout(0), kgo.RetryTimeout(5*time.Minute))
+	r.prod = &producer{cl: pcl, gen: newGenerator(sched.InputSeed)}
+
+	// The schedule.
+	tl.logf("store %s, seed %d: start default-0 and eos-0; %d phases planned over %s", store, seed, len(sched.Phases), sched.length())
+	for _, g := range r.groups {
+		r.must(g.inst[0].start())
+	}
+	for i, p := range sched.Phases {
+		r.phase(i, p)
+	}
+	tl.logf("schedule done: %d records produced; faults: %v", r.prod.total, r.faults)
+	r.finale()
+
+	// The checks.
+	adm := kafkatest.Admin(t, addr)
+	ends := r.inputEnds(adm)
+	replayOut := kafkatest.CreateTopic(t, addr, partitions, keepAll)
+	replayDLQ := kafkatest.CreateTopic(t, addr, partitions, keepAll)
+	tl.logf("replay of %s into %s and %s", r.input, replayOut, replayDLQ)
+	replay := r.replay(bin, addr, replayOut, replayDLQ)
+	gen, err := readInput(r.ctx, addr, r.input, ends)
+	if err != nil {
+		t.Fatalf("read the input back: %v", err)
+	}
+	vin := verdictInput{inputTopic: r.input, ends: ends, replay: replay, gen: gen}
+	replayFails := checkReplay(vin)
+	if len(replayFails) > 0 {
+		vin.replay = nil // no reference: check the rest only
+	}
+	r.summary(ends)
+	for _, g := range r.groups {
+		fails := append([]string(nil), replayFails...)
+		for _, cp := range g.cps {
+			fails = append(fails, check(cp, vin)...)
+		}
+		for _, col := range []*collector{g.live, g.raw} {
+			bad, fetch := col.problems()
+			if len(bad) > 0 {
+				fails = append(fails, fmt.Sprintf("%d output records are not readable as the contract says; first: %s", len(bad), bad[0]))
+			}
+			if len(fetch) > 0 {
+				r.note("the checker's reader of %s saw fetch errors (expected around a broker restart): %s", g.out, strings.Join(fetch, "; "))
+			}
+		}
+		outcome := "pass"
+		if len(fails) > 0 {
+			outcome = fmt.Sprintf("FAIL (%d checks)", len(fails))
+			var b strings.Builder
+			fmt.Fprintf(&b, "chaos: mode %s, store %s, seed %d: %d invariants broken over %d input offsets of %s.\n", g.mode, store, seed, len(fails), total(ends), r.input)
+			fmt.Fprintf(&b, "input end offsets: %s\n", describeEnds(ends))
+			fmt.Fprintf(&b, "reproduce: %s\n", repro)
+			fmt.Fprintf(&b, "logs: %s (%s-N.log per process slot of this mode's group %s, timeline.log, schedule.txt, replay.log)\n", dir, g.mode, g.name)
+			for _, f := range fails {
+				fmt.Fprintf(&b, "\n- %s\n", f)
+			}
+			if len(r.notes) > 0 {
+				fmt.Fprintf(&b, "\nnotes:\n  %s\n", strings.Join(r.notes, "\n  "))
+			}
+			t.Error(b.String())
+		}
+		if env.report != "" {
+			line := fmt.Sprintf("%s\t%s-%s\tseed=%d\tduration=%s\trecords=%d\tfaults=%v\tself-exits=%d\t%s\tlogs=%s\n",
+				time.Now().UTC().Format(time.RFC3339), g.mode, store, seed, time.Since(tl.begin).Round(time.Second), total(ends), r.faults, r.selfExits(g), outcome, dir)
+			if f, err := os.OpenFile(env.report, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644); err == nil {
+				f.WriteString(line)
+				f.Close()
+			}
+		}
+	}
+	if !t.Failed() && len(r.notes) > 0 {
+		t.Logf("chaos: notes:\n  %s", strings.Join(r.notes, "\n  "))
+	}
+}
+
+// logDir returns the run's log directory and whether to keep it after a pass.
+func logDir(t *testing.T, env chaosEnv, store string, seed uint64) (string, bool) {
+	name := fmt.Sprintf("%s-seed-%d-%s", store, seed, time.Now().UTC().Format("20060102T150405"))
+	if env.logs != "" {
+		d := filepath.Join(env.logs, name)
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return d, true
+	}
+	d, err := os.MkdirTemp("", "velocity-chaos-"+name+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, false
+}
+
+func (r *run) must(err error) {
+	r.t.Helper()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// each runs f on instance slot of every group at once and waits.
+func (r *run) each(slot int, f func(*instance)) {
+	var wg sync.WaitGroup
+	for _, g := range r.groups {
+		wg.Add(1)
+		go func() { defer wg.Done(); f(g.inst[slot]) }()
+	}
+	wg.Wait()
+}
+
+// phase runs one phase: its input (a burst or a quiet period) in the
+// background and its fault, if any, at its moment.
+func (r *run) phase(i int, p phase) {
+	r.tl.logf("phase %d: %s", i, p)
+	begin := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		if p.Records > 0 {
+			done <- r.prod.burst(r.ctx, p.Records, p.Length)
+			return
+		}
+		select {
+		case <-time.After(p.Length):
+		case <-r.ctx.Done():
+		}
+		done <- nil
+	}()
+	if p.Fault != faultNone {
+		time.Sleep(time.Until(begin.Add(p.At)))
+		r.fault(p)
+		r.faults[p.Fault]++
+		r.lastFault = time.Now()
+	}
+	if err := <-done; err != nil {
+		r.t.Fatalf("phase %d: produce the input: %v", i, err)
+	}
+	r.supervise()
+}
+
+// fault does p's fault to both groups at once (and to the broker).
+func (r *run) fault(p phase) {
+	tl := r.tl
+	start := func(in *instance) {
+		tl.logf("start %s", in.name)
+		r.must(in.start())
+	}
+	switch p.Fault {
+	case faultKill:
+		var killed []*instance
+		for _, g := range r.groups {
+			if in := g.inst[p.Slot]; in.running() {
+				killed = append(killed, in)
+			} else {
+				tl.logf("%s is not running (it exited by itself); starting it", in.name)
+				start(in)
+			}
+		}
+		tl.logf("SIGKILL %s", names(killed))
+		r.stopAll(syscall.SIGKILL, killed...)
+		time.Sleep(p.Dur)
+		for _, in := range killed {
+			start(in)
+		}
+	case faultFreeze:
+		r.each(p.Slot, func(in *instance) { tl.logf("SIGSTOP %s", in.name); in.signal(syscall.SIGSTOP) })
+		time.Sleep(p.Dur)
+		r.each(p.Slot, func(in *instance) { tl.logf("SIGCONT %s", in.name); in.signal(syscall.SIGCONT) })
+	case faultScaleUp:
+		tl.logf("scale up: start instances 1 and 2")
+		for _, g := range r.groups {
+			start(g.inst[1])
+			start(g.inst[2])
+		}
+	case faultScaleDown:
+		tl.logf("scale down: SIGTERM instances 1 and 2")
+		var ins []*instance
+		for _, g := range r.groups {
+			ins = append(ins, g.inst[1], g.inst[2])
+		}
+		r.stopAll(syscall.SIGTERM, ins...)
+	case faultBroker:
+		tl.logf("SIGKILL the broker")
+		r.b.Kill(r.t)
+		time.Sleep(p.Dur)
+		tl.logf("restart the broker")
+		r.b.Restart(r.t)
+		tl.logf("broker answers again")
+	case faultGraceful:
+		var up []*instance
+		for _, g := range r.groups {
+			for _, in := range g.inst {
+				if in.running() {
+					up = append(up, in)
+				}
+			}
+		}
+		tl.logf("graceful restart: SIGTERM %d instances", len(up))
+		r.stopAll(syscall.SIGTERM, up...)
+		time.Sleep(p.Dur)
+		for _, in := range up {
+			start(in)
+		}
+	}
+}
+
+func names(ins []*instance) string {
+	var n []string
+	for _, in := range ins {
+		n = append(n, in.name)
+	}
+	return strings.Join(n, ", ")
+}
+
+// stopAll stops the instances at once and waits for all of them.
+func (r *run) stopAll(sig syscall.Signal, ins ...*instance) {
+	var wg sync.WaitGroup
+	for _, in := range ins {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d, err := in.stop(sig, gracefulStop)
+			if err != nil {
+				r.tl.logf("%v", err)
+				r.note("%v; end of its log:\n%s", err, in.tail(15))
+			} else if sig == syscall.SIGTERM {
+				r.tl.logf("%s stopped after SIGTERM in %s", in.name, d.Round(time.Millisecond))
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+var noteMu sync.Mutex
+
+func (r *run) note(format string, args ...any) {
+	noteMu.Lock()
+	defer noteMu.Unlock()
+	r.notes = append(r.notes, fmt.Sprintf(format, args...))
+}
+
+// supervise starts again an instance of the current topology that exited by
+// itself, as an orchestrator would; the exit is noted.
+func (r *run) supervise() {
+	for _, g := range r.groups {
+		want := 1
+		if g.inst[1].running() || g.inst[2].running() {
+			want = 3
+		}
+		for _, in := range g.inst[:want] {
+			if !in.running() {
+				r.tl.logf("%s exited by itself; starting it again", in.name)
+				in.mu.Lock()
+				exits := append([]string(nil), in.selfExit...)
+				in.mu.Unlock()
+				r.note("%s exited by itself (%v); end of its log:\n%s", in.name, exits, in.tail(15))
+				r.must(in.start())
+			}
+		}
+	}
+}
+
+func (r *run) selfExits(g *group) int {
+	n := 0
+	for _, in := range g.inst {
+		in.mu.Lock()
+		n += len(in.selfExit)
+		in.mu.Unlock()
+	}
+	return n
+}
+
+// finale brings the run to its checks: a settling time with no fault, a last
+// burst of input, then the checkpoints at which each group's topics are read:
+//
+//  1. once the input has been quiet for --checkpoint-interval + --idle-timeout
+//     (+ slack): the exactly-once promise is that outputs are visible within
+//     a checkpoint interval, and the tail a partition's reorder buffer holds
+//     when the input stops is released by the idle timeout;
+//  2. after a SIGTERM of every instance;
+//  3. after one instance is started again with no new input and SIGTERMed.
+func (r *run) finale() {
+	t, tl := r.t, r.tl
+	adm := kafkatest.Admin(t, r.b.Addr)
+
+	// Settle: the last fault's rebalance is over (the session timeout of a
+	// killed or frozen process has passed), and the processes have read all
+	// the input so far (some output, committed or not, for every offset), or
+	// two minutes have passed.
+	r.supervise()
+	settle := r.lastFault.Add(sessionTimeout + 2*time.Second)
+	sctx, cancel := context.WithTimeout(r.ctx, 2*time.Minute)
+	ends := r.inputEnds(adm)
+	begin := time.Now()
+	for _, g := range r.groups {
+		for {
+			snap, err := g.raw.catchUp(sctx)
+			if err == nil && covered(snap, ends) == total(ends) && time.Now().After(settle) {
+				break
+			}
+			if sctx.Err() != nil {
+				tl.logf("settle: group %s had not read all %d input offsets after %s (%d covered); going on", g.mode, total(ends), time.Since(begin).Round(time.Second), covered(snap, ends))
+				break
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	}
+	cancel()
+	tl.logf("settled in %s", time.Since(begin).Round(100*time.Millisecond))
+
+	const lastBurst = 1500
+	tl.logf("last burst: %d records over 1.5s", lastBurst)
+	r.must(r.prod.burst(r.ctx, lastBurst, 1500*time.Millisecond))
+	quiet := time.Now()
+	ends = r.inputEnds(adm)
+	tl.logf("input quiet: %d records in all", total(ends))
+
+	// Checkpoint 1: poll until every input offset has an output, at most
+	// --checkpoint-interval + --idle-timeout + slack after the input stopped.
+	deadline := quiet.Add(checkpointInterval + idleTimeout + r.env.slack)
+	label := fmt.Sprintf("checkpoint 1 (input quiet for --checkpoint-interval %s + --idle-timeout %s + slack %s)", checkpointInterval, idleTimeout, r.env.slack)
+	for _, g := range r.groups {
+		var snap map[srcKey][]output
+		for {
+			cctx, cancel := context.WithDeadline(r.ctx, deadline.Add(10*time.Second))
+			s, err := g.live.catchUp(cctx)
+			cancel()
+			if err == nil {
+				snap = s
+			} else {
+				tl.logf("reading the outputs of %s: %v", g.mode, err)
+			}
+			if snap != nil && covered(snap, ends) == total(ends) {
+				tl.logf("checkpoint 1, %s: all %d input offsets have an output %s after the input went quiet", g.mode, total(ends), time.Since(quiet).Round(100*time.Millisecond))
+				break
+			}
+			if time.Now().After(deadline) {
+				tl.logf("checkpoint 1, %s: %d of %d input offsets have an output %s after the input went quiet", g.mode, covered(snap, ends), total(ends), time.Since(quiet).Round(100*time.Millisecond))
+				break
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		g.cps = append(g.cps, checkpoint{label: label, eos: g.eos, outs: snap})
+	}
+
+	// Checkpoint 2: every instance stopped gracefully.
+	var up []*instance
+	for _, g := range r.groups {
+		for _, in := range g.inst {
+			if in.running() {
+				up = append(up, in)
+			}
+		}
+	}
+	tl.logf("SIGTERM every instance (%d)", len(up))
+	r.stopAll(syscall.SIGTERM, up...)
+	for _, g := range r.groups {
+		g.cps = append(g.cps, checkpoint{label: "checkpoint 2 (after a SIGTERM of every instance)", eos: g.eos, outs: r.read(g)})
+	}
+
+	// Checkpoint 3: a restart with no new input, then SIGTERM again.
+	tl.logf("start instance 0 of each group with no new input")
+	for _, g := range r.groups {
+		r.must(g.inst[0].start())
+	}
+	time.Sleep(checkpointInterval + idleTimeout + 4*time.Second) // joining the group and restoring take about a second or two
+	tl.logf("SIGTERM instance 0 of each group")
+	r.stopAll(syscall.SIGTERM, r.groups[0].inst[0], r.groups[1].inst[0])
+	for _, g := range r.groups {
+		g.cps = append(g.cps, checkpoint{label: "checkpoint 3 (after a restart with no new input and another SIGTERM)", eos: g.eos, outs: r.read(g)})
+	}
+}
+
+// read waits for a group's reader to reach the topics' ends.
+func (r *run) read(g *group) map[srcKey][]output {
+	ctx, cancel := context.WithTimeout(r.ctx, time.Minute)
+	defer cancel()
+	snap, err := g.live.catchUp(ctx)
+	if err != nil {
+		r.t.Fatalf("read the outputs of %s: %v", g.mode, err)
+	}
+	return snap
+}
+
+func (r *run) inputEnds(adm *kadm.Client) map[int32]int64 {
+	ctx, cancel := context.WithTimeout(r.ctx, time.Minute)
+	defer cancel()
+	for {
+		l, err := adm.ListEndOffsets(ctx, r.input)
+		if err == nil {
+			err = l.Error()
+		}
+		if err == nil {
+			out := map[int32]int64{}
+			l.Each(func(o kadm.ListedOffset) { out[o.Partition] = o.Offset })
+			if len(out) == partitions {
+				return out
+			}
+		}
+		if ctx.Err() != nil {
+			r.t.Fatalf("list the end offsets of %s: %v", r.input, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+func describeEnds(ends map[int32]int64) string {
+	var parts []string
+	for p := range int32(partitions) {
+		parts = append(parts, fmt.Sprintf("partition %d: %d", p, ends[p]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func total(ends map[int32]int64) int {
+	n := 0
+	for _, e := range ends {
+		n += int(e)
+	}
+	return n
+}
+
+func covered(outs map[srcKey][]output, ends map[int32]int64) int {
+	n := 0
+	for k := range outs {
+		if e, ok := ends[k.part]; ok && k.offset >= 0 && k.offset < e {
+			n++
+		}
+	}
+	return n
+}
+
+// replay runs `velocity-consumer replay` of the whole input into two topics
+// and reads them back.
+func (r *run) replay(bin, addr, out, dlq string) map[srcKey][]output {
+	t := r.t
+	ctx, cancel := context.WithTimeout(r.ctx, 3*time.Minute)
+	defer cancel()
+	logPath := filepath.Join(r.dir, "replay.log")
+	f, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	args := append([]string{"replay", "--brokers", addr, "--input-topic", r.input, "--from", "start", "--to", "end",
+		"--output", "topic:" + out, "--dlq", "topic:" + dlq, "--quiet", "--log-format", "json"}, semantics...)
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = childEnv()
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := spawn(cmd); err != nil {
+		t.Fatalf("start replay: %v", err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("velocity-consumer %s: %v; log %s", strings.Join(args, " "), err, logPath)
+	}
+	col, err := newCollector(ctx, addr, out, dlq, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer col.close()
+	snap, err := col.catchUp(ctx)
+	if err != nil {
+		t.Fatalf("read the replay's outputs: %v", err)
+	}
+	if bad, _ := col.problems(); len(bad) > 0 {
+		t.Fatalf("replay's outputs are not readable as the contract says: %s", bad[0])
+	}
+	return snap
+}
+
+// summary logs what the run did and saw, pass or fail.
+func (r *run) summary(ends map[int32]int64) {
+	for _, g := range r.groups {
+		last := g.cps[len(g.cps)-1].outs
+		repeats := 0
+		for _, os := range last {
+			repeats += len(os) - 1
+		}
+		extra := ""
+		if g.eos {
+			if raw, err := g.raw.catchUp(r.ctx); err == nil {
+				n := 0
+				for _, os := range raw {
+					n += len(os)
+				}
+				extra = fmt.Sprintf("; a read_uncommitted reader sees %d records (aborted transactions included)", n)
+			}
+		}
+		starts := 0
+		for _, in := range g.inst {
+			starts += in.starts
+		}
+		r.tl.logf("summary, %s: %d input offsets, %d outputs repeated%s; %d process starts, %d exits nobody asked for; faults %v",
+			g.mode, total(ends), repeats, extra, starts, r.selfExits(g), r.faults)
+	}
+}

@@ -1,0 +1,282 @@
+//go:build integration
+
+package chaos
+
+import (
+	"bytes"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// checkpoint is what the topics held at one moment of a run, and what they
+// must hold then.
+type checkpoint struct {
+	label string // when it was taken, for messages
+	eos   bool
+	outs  map[srcKey][]output
+}
+
+// verdictInput is everything the checks read: the input's end offsets (every
+// offset below them is a record: the input topic is never compacted and keeps
+// its records), the outputs of the live group at each checkpoint, the outputs
+// of `velocity-consumer replay` of the same input, and the generator's note
+// on each input record.
+type verdictInput struct {
+	inputTopic string
+	ends       map[int32]int64
+	replay     map[srcKey][]output
+	gen        map[srcKey]string
+}
+
+// offsetSet collects input offsets per partition for a message.
+type offsetSet map[int32][]int64
+
+func (s offsetSet) add(k srcKey) { s[k.part] = append(s[k.part], k.offset) }
+
+func (s offsetSet) count() int {
+	n := 0
+	for _, o := range s {
+		n += len(o)
+	}
+	return n
+}
+
+// describe names every partition, its offsets as ranges (the first few) and
+// what the first of them were in the input.
+func (s offsetSet) describe(gen map[srcKey]string) string {
+	var b strings.Builder
+	parts := slices.Sorted(func(yield func(int32) bool) {
+		for p := range s {
+			if !yield(p) {
+				return
+			}
+		}
+	})
+	for _, p := range parts {
+		offs := s[p]
+		slices.Sort(offs)
+		var ranges []string
+		for i := 0; i < len(offs); {
+			j := i
+			for j+1 < len(offs) && offs[j+1] == offs[j]+1 {
+				j++
+			}
+			if offs[i] == offs[j] {
+				ranges = append(ranges, fmt.Sprint(offs[i]))
+			} else {
+				ranges = append(ranges, fmt.Sprintf("%d-%d", offs[i], offs[j]))
+			}
+			i = j + 1
+		}
+		more := ""
+		if len(ranges) > 8 {
+			more = fmt.Sprintf(" and %d more ranges", len(ranges)-8)
+			ranges = ranges[:8]
+		}
+		fmt.Fprintf(&b, "\n    partition %d: %d offsets: %s%s", p, len(offs), strings.Join(ranges, ", "), more)
+		var kinds []string
+		for _, o := range offs[:min(3, len(offs))] {
+			kinds = append(kinds, fmt.Sprintf("%d is %q", o, gen[srcKey{p, o}]))
+		}
+		fmt.Fprintf(&b, " (input: %s)", strings.Join(kinds, "; "))
+	}
+	return b.String()
+}
+
+// check returns one paragraph per broken invariant at cp; none when it holds.
+func check(cp checkpoint, in verdictInput) []string {
+	var fails []string
+	missing, repeated, unequalDup, stray := offsetSet{}, offsetSet{}, offsetSet{}, offsetSet{}
+	var repeatedMax int
+	var dupExample, strayExample string
+
+	for p, end := range in.ends {
+		for off := int64(0); off < end; off++ {
+			k := srcKey{p, off}
+			got := cp.outs[k]
+
+			// Both modes: every input offset has an output, a features record or a
+			// dead letter (the accounting invariant; in the default mode at least
+			// one, since a crash re-emits what followed the last checkpoint).
+			if len(got) == 0 {
+				missing.add(k)
+				continue
+			}
+
+			// --exactly-once: a read_committed reader sees exactly one output per
+			// input offset, across crashes, freezes, rebalances and broker
+			// restarts.
+			if cp.eos && len(got) > 1 {
+				repeated.add(k)
+				repeatedMax = max(repeatedMax, len(got))
+			}
+
+			// Default mode: the outputs a crash repeats are byte-identical to the
+			// first (key, value, and a dead letter's reason and error), so that a
+			// consumer that keys on the source position may drop them.
+			if !cp.eos {
+				for _, o := range got[1:] {
+					if !o.same(got[0]) {
+						unequalDup.add(k)
+						if dupExample == "" {
+							dupExample = fmt.Sprintf("input %d/%d: %s and %s differ: %s", p, off, got[0].at, o.at, diff(o, got[0]))
+						}
+						break
+					}
+				}
+			}
+		}
+	}
+
+	// Both modes: an output names an input record that exists, of the input
+	// topic: no output for an offset beyond the input's end or another topic.
+	for k, os := range cp.outs {
+		if end, ok := in.ends[k.part]; !ok || k.offset < 0 || k.offset >= end {
+			stray.add(k)
+			if strayExample == "" {
+				strayExample = fmt.Sprintf("%s names input %d/%d", os[0].at, k.part, k.offset)
+			}
+			continue
+		}
+		for _, o := range os {
+			if o.srcTopic != in.inputTopic {
+				stray.add(k)
+				if strayExample == "" {
+					strayExample = fmt.Sprintf("%s names source topic %q, not %q", o.at, o.srcTopic, in.inputTopic)
+				}
+				break
+			}
+		}
+	}
+
+	if n := missing.count(); n > 0 {
+		fails = append(fails, fmt.Sprintf("%s: %d input offsets have no output (features or dead letter):%s", cp.label, n, missing.describe(in.gen)))
+	}
+	if n := repeated.count(); n > 0 {
+		fails = append(fails, fmt.Sprintf("%s: %d input offsets have more than one committed output (up to %d), want exactly one:%s", cp.label, n, repeatedMax, repeated.describe(in.gen)))
+	}
+	if n := unequalDup.count(); n > 0 {
+		fails = append(fails, fmt.Sprintf("%s: %d input offsets have outputs that differ from each other; first: %s:%s", cp.label, n, dupExample, unequalDup.describe(in.gen)))
+	}
+	if n := stray.count(); n > 0 {
+		fails = append(fails, fmt.Sprintf("%s: %d outputs name no input record of %s; first: %s:%s", cp.label, n, in.inputTopic, strayExample, stray.describe(in.gen)))
+	}
+
+	// Both modes: every output equals, byte for byte (key, value, and a dead
+	// letter's reason and error), what `velocity-consumer replay` of the same
+	// input publishes for that offset: values are a function of the input and
+	// the configuration only, whatever crashed, froze or moved meanwhile.
+	if in.replay != nil {
+		differ := offsetSet{}
+		var example string
+		var exKey srcKey
+		for k, os := range cp.outs {
+			want := in.replay[k]
+			if len(want) != 1 {
+				continue // reported once, by checkReplay
+			}
+			for _, o := range os {
+				if !o.same(want[0]) {
+					differ.add(k)
+					if example == "" || k.part < exKey.part || k.part == exKey.part && k.offset < exKey.offset {
+						exKey = k
+						example = fmt.Sprintf("input %d/%d: live %s, replay %s: %s", k.part, k.offset, o.at, want[0].at, diff(o, want[0]))
+					}
+					break
+				}
+			}
+		}
+		if n := differ.count(); n > 0 {
+			fails = append(fails, fmt.Sprintf("%s: %d input offsets have outputs that differ from replay's; e.g. %s:%s", cp.label, n, example, differ.describe(in.gen)))
+		}
+	}
+	return fails
+}
+
+// checkReplay: the replay itself must account for every input offset exactly
+// once, or it is no reference.
+func checkReplay(in verdictInput) []string {
+	missing, repeated := offsetSet{}, offsetSet{}
+	for p, end := range in.ends {
+		for off := int64(0); off < end; off++ {
+			switch n := len(in.replay[srcKey{p, off}]); {
+			case n == 0:
+				missing.add(srcKey{p, off})
+			case n > 1:
+				repeated.add(srcKey{p, off})
+			}
+		}
+	}
+	var fails []string
+	if missing.count() > 0 {
+		fails = append(fails, fmt.Sprintf("replay: %d input offsets have no output:%s", missing.count(), missing.describe(in.gen)))
+	}
+	if repeated.count() > 0 {
+		fails = append(fails, fmt.Sprintf("replay: %d input offsets have more than one output:%s", repeated.count(), repeated.describe(in.gen)))
+	}
+	return fails
+}
+
+// diff names the first differing field of two outputs, and their first
+// differing bytes.
+func diff(got, want output) string {
+	switch {
+	case got.dead != want.dead:
+		kind := map[bool]string{false: "a features record", true: "a dead letter"}
+		return fmt.Sprintf("%s (%s), want %s (%s)", kind[got.dead], got.reason, kind[want.dead], want.reason)
+	case got.keyNull != want.keyNull || !bytes.Equal(got.key, want.key):
+		return fmt.Sprintf("key %q, want %q", got.key, want.key)
+	case got.reason != want.reason:
+		return fmt.Sprintf("velocity.reason %q, want %q", got.reason, want.reason)
+	case got.errText != want.errText:
+		return fmt.Sprintf("velocity.error %q, want %q", got.errText, want.errText)
+	case got.valueNull != want.valueNull:
+		return fmt.Sprintf("value null=%v, want null=%v", got.valueNull, want.valueNull)
+	}
+	field := ""
+	if !got.dead {
+		field = fieldDiff(got.value, want.value)
+	}
+	i := 0
+	for i < len(got.value) && i < len(want.value) && got.value[i] == want.value[i] {
+		i++
+	}
+	return fmt.Sprintf("%svalue bytes first differ at %d of %d/%d: %s, want %s", field, i, len(got.value), len(want.value),
+		hex.EncodeToString(got.value[i:min(len(got.value), i+16)]), hex.EncodeToString(want.value[i:min(len(want.value), i+16)]))
+}
+
+// fieldDiff decodes two features values and names the first field, in schema
+// order, that differs.
+func fieldDiff(got, want []byte) string {
+	g, _, err1 := featuresCodec.NativeFromBinary(got)
+	w, _, err2 := featuresCodec.NativeFromBinary(want)
+	if err1 != nil || err2 != nil {
+		return ""
+	}
+	gm, wm := g.(map[string]any), w.(map[string]any)
+	for _, f := range []string{"event_id", "entity_id", "event_time", "windows", "ms_since_previous", "late", "source_topic", "source_partition", "source_offset"} {
+		if f == "windows" {
+			gw, _ := gm[f].([]any)
+			ww, _ := wm[f].([]any)
+			for i := range min(len(gw), len(ww)) {
+				ga, _ := gw[i].(map[string]any)
+				wa, _ := ww[i].(map[string]any)
+				for _, af := range []string{"window", "window_ms", "bucket_ms", "count", "sum_minor", "min_minor", "max_minor"} {
+					if fmt.Sprint(ga[af]) != fmt.Sprint(wa[af]) {
+						return fmt.Sprintf("field windows[%d] (%v).%s = %v, want %v; ", i, wa["window"], af, ga[af], wa[af])
+					}
+				}
+			}
+			if len(gw) != len(ww) {
+				return fmt.Sprintf("%d windows, want %d; ", len(gw), len(ww))
+			}
+			continue
+		}
+		if fmt.Sprint(gm[f]) != fmt.Sprint(wm[f]) {
+			return fmt.Sprintf("field %s = %v, want %v; ", f, gm[f], wm[f])
+		}
+	}
+	return ""
+}

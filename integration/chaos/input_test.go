@@ -1,0 +1,186 @@
+//go:build integration
+
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/velocity-consumer/velocity-consumer/integration/kafkatest"
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+)
+
+// The input's shape.
+const (
+	partitions       = 4
+	entitiesPerPart  = 300
+	allowedLateness  = time.Second
+	maxRecordBytes   = 2048 // --max-record-bytes, so that oversized records are cheap to make
+	genHeader        = "chaos.gen"
+	inputBaseEventMs = 1_795_000_000_000 // 2026-11-18T07:06:40Z; the seed adds up to a day
+)
+
+// generator makes a seeded input stream. Each entity lives in one partition
+// (its key hashes there). Per partition, every record that the service
+// accepts has an event time at or after every event time accepted before it,
+// so the reorder buffer only ever holds the last --allowed-lateness of event
+// time and an idle release (the one wall-clock effect, which replay never
+// makes) cannot change any output: released early or not, events come out in
+// the same order. Out-of-order input is made of records that are late on
+// every reading (more than the lateness behind the partition's newest
+// accepted event), duplicates of accepted events, and records that never
+// move the watermark (undecodable, invalid, oversized).
+//
+// The input's event times span far less than the largest window (24 h) and
+// the dedupe horizon, and record timestamps equal event times, so a warm-up
+// read (an instance with no usable snapshot) covers the whole partition and
+// restores the state exactly: a value that differs from replay is a bug, not
+// a documented limit of the warm-up.
+type generator struct {
+	rng      *rand.Rand
+	entities [partitions][]string
+	clock    [partitions]int64 // newest accepted event time; 0 = none yet
+	sent     [partitions][]*kgo.Record
+	seq      int
+	kinds    map[string]int
+}
+
+func newGenerator(seed uint64) *generator {
+	g := &generator{rng: rand.New(rand.NewPCG(seed, 0x696e707574)), kinds: map[string]int{}}
+	for i := 0; ; i++ {
+		e := fmt.Sprintf("card-%06d", i)
+		h := fnv.New32a()
+		h.Write([]byte(e))
+		p := h.Sum32() % partitions
+		if len(g.entities[p]) < entitiesPerPart {
+			g.entities[p] = append(g.entities[p], e)
+		}
+		full := true
+		for _, es := range g.entities {
+			full = full && len(es) == entitiesPerPart
+		}
+		if full {
+			break
+		}
+	}
+	base := inputBaseEventMs + g.rng.Int64N(24*3600*1000)
+	for p := range g.clock {
+		g.clock[p] = base
+	}
+	return g
+}
+
+func (g *generator) entity(p int) string {
+	es := g.entities[p]
+	if g.rng.IntN(2) == 0 {
+		return es[g.rng.IntN(10)] // hot entities
+	}
+	return es[g.rng.IntN(len(es))]
+}
+
+// next returns the next input record, its partition set.
+func (g *generator) next() *kgo.Record {
+	p := g.rng.IntN(partitions)
+	started := g.sent[p] != nil
+	g.seq++
+	id := fmt.Sprintf("ev-%08d", g.seq)
+	ent := g.entity(p)
+	valid := func(t int64) *codec.Transaction {
+		return &codec.Transaction{EventID: id, EntityID: ent, AmountMinor: g.rng.Int64N(50_000), Currency: []string{"EUR", "USD", ""}[g.rng.IntN(3)], EventTime: t}
+	}
+	rec := func(kind string, key, value []byte, t int64) *kgo.Record {
+		g.kinds[kind]++
+		return &kgo.Record{
+			Key: key, Value: value, Partition: int32(p), Timestamp: time.UnixMilli(t),
+			Headers: []kgo.RecordHeader{{Key: genHeader, Value: []byte(kind + " " + id)}},
+		}
+	}
+	x := g.rng.IntN(1000)
+	switch {
+	case !started || x < 860:
+		g.clock[p] += g.rng.Int64N(25) // 0 too: equal event times, ordered by offset
+		r := rec("valid", []byte(ent), codec.EncodeTransaction(valid(g.clock[p])), g.clock[p])
+		g.sent[p] = append(g.sent[p], r)
+		if len(g.sent[p]) > 2000 {
+			g.sent[p] = g.sent[p][1:]
+		}
+		return r
+	case x < 890: // a resend of an accepted event: a duplicate
+		old := g.sent[p][g.rng.IntN(len(g.sent[p]))]
+		return rec("duplicate", old.Key, old.Value, g.clock[p])
+	case x < 920: // behind the watermark by more than the lateness: late
+		t := g.clock[p] - allowedLateness.Milliseconds() - 1 - g.rng.Int64N(30_000)
+		return rec("late", []byte(ent), codec.EncodeTransaction(valid(t)), t)
+	case x < 935:
+		return rec("undecodable", []byte(ent), []byte("not avro: "+id), g.clock[p])
+	case x < 940:
+		return rec("tombstone", []byte(ent), nil, g.clock[p])
+	case x < 945:
+		return rec("empty", []byte(ent), []byte{}, g.clock[p])
+	case x < 960:
+		tx := valid(g.clock[p])
+		tx.AmountMinor = -1 - g.rng.Int64N(1000)
+		return rec("negative-amount", []byte(ent), codec.EncodeTransaction(tx), g.clock[p])
+	case x < 967:
+		tx := valid(g.clock[p])
+		tx.EventID = ""
+		return rec("empty-event-id", []byte(ent), codec.EncodeTransaction(tx), g.clock[p])
+	case x < 974:
+		tx := valid(g.clock[p])
+		tx.Currency = "euro"
+		return rec("bad-currency", []byte(ent), codec.EncodeTransaction(tx), g.clock[p])
+	case x < 980: // more than --max-ahead (24 h) ahead of the partition: invalid, never accepted
+		t := g.clock[p] + 25*3600*1000
+		return rec("far-ahead", []byte(ent), codec.EncodeTransaction(valid(t)), g.clock[p])
+	case x < 985:
+		tx := valid(g.clock[p])
+		tx.Currency = strings.Repeat("X", maxRecordBytes) // oversized: too_large comes first
+		return rec("too-large", []byte(ent), codec.EncodeTransaction(tx), g.clock[p])
+	default: // keyed by another entity of the partition: processed as usual
+		g.clock[p] += g.rng.Int64N(25)
+		r := rec("key-mismatch", []byte(g.entity(p)+"-x"), codec.EncodeTransaction(valid(g.clock[p])), g.clock[p])
+		g.sent[p] = append(g.sent[p], r)
+		return r
+	}
+}
+
+// producer writes input records to the input topic, in generation order per
+// partition (one idempotent client), riding out a broker restart.
+type producer struct {
+	cl    *kgo.Client
+	gen   *generator
+	total int
+}
+
+// burst produces n records spread evenly over d, in batches every 50 ms, and
+// returns when all are acknowledged. A broker outage stretches it.
+func (pr *producer) burst(ctx context.Context, n int, d time.Duration) error {
+	const tick = 50 * time.Millisecond
+	steps := max(1, int(d/tick))
+	begin := time.Now()
+	done := 0
+	for s := 1; s <= steps; s++ {
+		upto := n * s / steps
+		batch := make([]*kgo.Record, 0, upto-done)
+		for ; done < upto; done++ {
+			batch = append(batch, pr.gen.next())
+		}
+		bctx, cancel := context.WithTimeout(ctx, 3*time.Minute) // a broker restart takes seconds
+		err := kafkatest.Produce(bctx, pr.cl, batch...)
+		cancel()
+		if err != nil {
+			return err
+		}
+		pr.total += len(batch)
+		if wait := time.Until(begin.Add(time.Duration(s) * tick)); wait > 0 {
+			time.Sleep(wait)
+		}
+	}
+	return nil
+}

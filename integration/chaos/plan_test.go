@@ -1,0 +1,226 @@
+//go:build integration
+
+package chaos
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// faultKind is one kind of fault a phase of a schedule may carry.
+type faultKind int
+
+const (
+	faultNone      faultKind = iota
+	faultKill                // SIGKILL instance Slot at At, start it again Dur later
+	faultFreeze              // SIGSTOP instance Slot at At, SIGCONT Dur later (Dur > --session-timeout)
+	faultScaleUp             // start instances 1 and 2 at At: 1 → 3
+	faultScaleDown           // SIGTERM instances 1 and 2 at At: 3 → 1
+	faultBroker              // SIGKILL the broker at At, restart it on its data Dur later
+	faultGraceful            // SIGTERM every running instance at At, start them again Dur later (a quiet phase: no new input)
+)
+
+func (k faultKind) String() string {
+	return [...]string{"none", "sigkill", "sigstop", "scale-up", "scale-down", "broker-restart", "graceful-restart"}[k]
+}
+
+// phase is one step of a schedule: a burst of input (Records > 0) or a quiet
+// period (Records == 0) lasting Length, and at most one fault starting At into
+// it. A phase ends when both its input and its fault are over.
+type phase struct {
+	Records int
+	Length  time.Duration
+	Fault   faultKind
+	At      time.Duration
+	Slot    int           // the instance of faultKill and faultFreeze
+	Dur     time.Duration // restart delay, freeze length or broker downtime
+}
+
+func (p phase) String() string {
+	var b strings.Builder
+	if p.Records > 0 {
+		fmt.Fprintf(&b, "burst of %d records over %s", p.Records, p.Length)
+	} else {
+		fmt.Fprintf(&b, "quiet for %s", p.Length)
+	}
+	switch p.Fault {
+	case faultNone:
+	case faultKill:
+		fmt.Fprintf(&b, "; at +%s SIGKILL instance %d, start it again %s later", p.At, p.Slot, p.Dur)
+	case faultFreeze:
+		fmt.Fprintf(&b, "; at +%s SIGSTOP instance %d, SIGCONT %s later", p.At, p.Slot, p.Dur)
+	case faultBroker:
+		fmt.Fprintf(&b, "; at +%s SIGKILL the broker, restart it %s later", p.At, p.Dur)
+	case faultGraceful:
+		fmt.Fprintf(&b, "; at +%s SIGTERM every instance, start them again %s later", p.At, p.Dur)
+	default:
+		fmt.Fprintf(&b, "; at +%s %s", p.At, p.Fault)
+	}
+	return b.String()
+}
+
+// schedule is everything a run does that its seed decides: the phases, and
+// the seed of the input generator. Wall-clock effects (how fast a process
+// restarts, when a rebalance settles) are not in it; they are logged in the
+// run's timeline.
+type schedule struct {
+	Seed      uint64
+	InputSeed uint64
+	Phases    []phase
+}
+
+// planTimes are the service's timing flags the schedule is built around.
+type planTimes struct {
+	session, idle time.Duration
+}
+
+// makeSchedule builds the schedule of seed: rounds until the planned length
+// reaches at least minLength (always one round at least). Each round holds, in
+// a seeded order, two SIGKILLs, a SIGSTOP past the session timeout, a broker
+// restart, a graceful restart of every instance with no input, and a scale-up
+// 1 → 3 followed later by a scale-down 3 → 1, each inside a burst or a quiet
+// period longer than the idle timeout, with plain bursts and quiet periods
+// between them. The schedule ends with one instance running.
+func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
+	rng := rand.New(rand.NewPCG(seed, 0x6368616f73))
+	s := schedule{Seed: seed, InputSeed: rng.Uint64()}
+	ms := func(lo, hi int) time.Duration { return time.Duration(lo+rng.IntN(hi-lo+1)) * time.Millisecond }
+	burst := func() phase {
+		length := ms(1500, 3500)
+		rate := 300 + rng.IntN(1200) // records per second
+		return phase{Records: max(1, int(float64(rate)*length.Seconds())), Length: length}
+	}
+	quiet := func() phase { return phase{Length: pt.idle + ms(300, 1500)} }
+	running := 1
+	pick := func() int { return rng.IntN(running) }
+	for round := 0; round == 0 || s.length() < minLength; round++ {
+		events := []faultKind{faultKill, faultKill, faultFreeze, faultBroker, faultGraceful, faultScaleUp}
+		rng.Shuffle(len(events), func(i, j int) { events[i], events[j] = events[j], events[i] })
+		up := slices.Index(events, faultScaleUp)
+		down := up + 1 + rng.IntN(len(events)-up)
+		events = slices.Insert(events, down, faultScaleDown)
+		for _, ev := range events {
+			if rng.IntN(3) == 0 {
+				if rng.IntN(3) == 0 {
+					s.Phases = append(s.Phases, quiet())
+				} else {
+					s.Phases = append(s.Phases, burst())
+				}
+			}
+			var p phase
+			if ev == faultGraceful || rng.IntN(10) < 3 {
+				p = quiet()
+			} else {
+				p = burst()
+			}
+			p.Fault = ev
+			switch ev {
+			case faultKill:
+				p.At, p.Slot, p.Dur = ms(0, int(p.Length.Milliseconds())), pick(), ms(0, 1500)
+			case faultFreeze:
+				p.At, p.Slot, p.Dur = ms(0, int(p.Length.Milliseconds()/2)), pick(), pt.session+ms(500, 3000)
+			case faultBroker:
+				p.At, p.Dur = ms(0, int(p.Length.Milliseconds())), ms(1000, 3000)
+			case faultGraceful:
+				p.At, p.Dur = ms(0, 500), ms(500, 2000)
+			case faultScaleUp:
+				p.At = ms(0, int(p.Length.Milliseconds()))
+				running = 3
+			case faultScaleDown:
+				p.At = ms(0, int(p.Length.Milliseconds()))
+				running = 1
+			}
+			s.Phases = append(s.Phases, p)
+		}
+	}
+	return s
+}
+
+// length is the schedule's planned length (a broker restart and the
+// processes' starts and stops make the real one longer).
+func (s schedule) length() time.Duration {
+	var d time.Duration
+	for _, p := range s.Phases {
+		d += max(p.Length, p.At+p.Dur)
+	}
+	return d
+}
+
+func (s schedule) records() int {
+	n := 0
+	for _, p := range s.Phases {
+		n += p.Records
+	}
+	return n
+}
+
+func (s schedule) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "schedule of seed %d (input seed %d): %d phases, %s planned, %d records\n",
+		s.Seed, s.InputSeed, len(s.Phases), s.length(), s.records())
+	for i, p := range s.Phases {
+		fmt.Fprintf(&b, "  phase %2d: %s\n", i, p)
+	}
+	return b.String()
+}
+
+// TestChaosSchedule needs no broker: a seed always gives the same schedule,
+// every round carries each kind of fault, faults act only on running
+// instances, each freeze outlasts the session timeout, each quiet period the
+// idle timeout, and the schedule ends with one instance.
+func TestChaosSchedule(t *testing.T) {
+	pt := planTimes{session: 6 * time.Second, idle: 2 * time.Second}
+	for seed := uint64(1); seed <= 200; seed++ {
+		a, b := makeSchedule(seed, 3*time.Minute, pt), makeSchedule(seed, 3*time.Minute, pt)
+		if a.String() != b.String() {
+			t.Fatalf("seed %d: two schedules differ:\n%s\n%s", seed, a, b)
+		}
+		if a.length() < 3*time.Minute {
+			t.Fatalf("seed %d: planned %s, want at least 3m", seed, a.length())
+		}
+		seen := map[faultKind]int{}
+		running := 1
+		for i, p := range a.Phases {
+			seen[p.Fault]++
+			switch p.Fault {
+			case faultKill, faultFreeze:
+				if p.Slot >= running {
+					t.Fatalf("seed %d phase %d: %s of instance %d with %d running", seed, i, p.Fault, p.Slot, running)
+				}
+			case faultScaleUp:
+				if running != 1 {
+					t.Fatalf("seed %d phase %d: scale-up with %d running", seed, i, running)
+				}
+				running = 3
+			case faultScaleDown:
+				if running != 3 {
+					t.Fatalf("seed %d phase %d: scale-down with %d running", seed, i, running)
+				}
+				running = 1
+			}
+			if p.Fault == faultFreeze && p.Dur <= pt.session {
+				t.Fatalf("seed %d phase %d: freeze of %s within the session timeout", seed, i, p.Dur)
+			}
+			if p.Records == 0 && p.Length <= pt.idle {
+				t.Fatalf("seed %d phase %d: quiet for %s, not past the idle timeout", seed, i, p.Length)
+			}
+			if p.Fault == faultGraceful && p.Records > 0 {
+				t.Fatalf("seed %d phase %d: input during a graceful restart", seed, i)
+			}
+		}
+		if running != 1 {
+			t.Fatalf("seed %d: ends with %d instances", seed, running)
+		}
+		for _, k := range []faultKind{faultKill, faultFreeze, faultScaleUp, faultScaleDown, faultBroker, faultGraceful} {
+			if seen[k] == 0 {
+				t.Fatalf("seed %d: no %s", seed, k)
+			}
+		}
+	}
+	one := makeSchedule(1, 0, pt)
+	t.Logf("a one-round schedule plans %s:\n%s", one.length(), one)
+}
