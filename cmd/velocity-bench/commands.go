@@ -41,7 +41,7 @@ func cmdCompare(ctx context.Context, args []string) error {
 	rounds := fs.Int("rounds", 3, "rounds; every processor runs once per round, so ratios come from the same round")
 	events := fs.Int("events", 1_000_000, "events per throughput run (produced before the processor starts)")
 	entities := fs.String("entities", "100000,1000000", "Zipf entity counts, one throughput workload each")
-	procs := fs.String("processors", "ours,kstreams,kstreams:eos", "throughput runs: ours[:eos][:late=DUR] or kstreams[:eos], comma-separated")
+	procs := fs.String("processors", "floor,ours,kstreams,kstreams:eos", "throughput runs: ours[:eos][:late=DUR], kstreams[:eos] or floor (a passthrough: the transport ceiling), comma-separated")
 	latProcs := fs.String("latency-processors", "ours,kstreams,kstreams:eos", "latency runs, same syntax (empty: none)")
 	latRate := fs.Int("latency-rate", 20_000, "events/s produced during latency runs")
 	latDur := fs.Duration("latency-duration", 30*time.Second, "length of the steady produce phase of a latency run")
@@ -81,10 +81,22 @@ func cmdCompare(ctx context.Context, args []string) error {
 	if *rounds < 1 || *rounds > 20 || *events < 1 || *events > 50_000_000 || *latRate < 1 || *latRate > 2_000_000 {
 		return fmt.Errorf("--rounds 1..20, --events 1..50M and --latency-rate 1..2M, got %d, %d, %d", *rounds, *events, *latRate)
 	}
+	for _, p := range lp {
+		if p.Kind == "floor" {
+			return fmt.Errorf("--latency-processors: floor has no latency mode (its outputs carry no event time)")
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("the floor processor runs this binary: %w", err)
+	}
 	for _, p := range append(tp, lp...) {
 		path := *vc
-		if p.Kind == "kstreams" {
+		switch p.Kind {
+		case "kstreams":
 			path = *jar
+		case "floor":
+			path = self
 		}
 		if _, err := os.Stat(path); err != nil {
 			return fmt.Errorf("processor %s needs %s: %w", p.Name, path, err)
@@ -114,7 +126,7 @@ func cmdCompare(ctx context.Context, args []string) error {
 		env: procEnv{
 			Brokers: strings.Join(bl, ","), VC: *vc, Jar: *jar, Java: *java,
 			JavaOpts: strings.Fields(*javaOpts), IdleTimeout: *idle, Checkpoint: *ckpt,
-			VCExtra: strings.Fields(*vcExtra),
+			VCExtra: strings.Fields(*vcExtra), Self: self,
 		},
 	}
 	f, err := os.OpenFile(*out, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)

@@ -276,7 +276,11 @@ type scanResult struct {
 //
 // If input is set, its records' timestamps (append times) are read first, to split
 // each latency sample at the input's append.
-func scanOutputs(ctx context.Context, brokers []string, input, output, dlq string, want int, minEventTime int64, disorder map[string]int64, timeout time.Duration) (scanResult, error) {
+//
+// passthrough is for the floor processor, whose outputs are not features: each output
+// counts as the answer of the input at its own partition and offset (the floor keeps
+// the partition and produces in order), with no decode and no latency.
+func scanOutputs(ctx context.Context, brokers []string, input, output, dlq string, want int, minEventTime int64, disorder map[string]int64, passthrough bool, timeout time.Duration) (scanResult, error) {
 	var res scanResult
 	var inAppend map[int32][]int64
 	if input != "" {
@@ -301,6 +305,10 @@ func scanOutputs(ctx context.Context, brokers []string, input, output, dlq strin
 			return
 		}
 		res.Features++
+		if passthrough {
+			seen.Add(r.Partition, r.Offset)
+			return
+		}
 		f, err := codec.DecodeFeatures(r.Value)
 		if err != nil {
 			res.BadValues++

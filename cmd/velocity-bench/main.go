@@ -50,6 +50,8 @@ var commands = map[string]func(context.Context, []string) error{
 	"produce":   cmdProduce,
 	"seq":       cmdSeq,
 	"equal":     cmdEqual,
+	// Hidden: the floor processor, started by compare as a child (floor.go).
+	"floor-proc": cmdFloorProc,
 }
 
 func main() {

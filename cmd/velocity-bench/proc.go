@@ -12,12 +12,12 @@ import (
 	"time"
 )
 
-// ProcSpec names a processor under test: "ours" or "kstreams", then options joined by
-// ':' — "eos" (exactly-once: our --exactly-once, Streams' exactly_once_v2) and, for ours,
-// "late=DUR" (--allowed-lateness, default 0: the pipeline's latency without the
-// reorder wait).
+// ProcSpec names a processor under test: "ours", "kstreams" or "floor", then options
+// joined by ':' — "eos" (exactly-once: our --exactly-once, Streams' exactly_once_v2) and,
+// for ours, "late=DUR" (--allowed-lateness, default 0: the pipeline's latency without the
+// reorder wait). "floor" is the transport ceiling (floor.go) and takes no options.
 type ProcSpec struct {
-	Kind     string // "ours" | "kstreams"
+	Kind     string // "ours" | "kstreams" | "floor"
 	EOS      bool
 	Lateness time.Duration
 	Name     string // the spec as written, used in tables
@@ -27,8 +27,11 @@ type ProcSpec struct {
 func ParseProcSpec(s string) (ProcSpec, error) {
 	parts := strings.Split(strings.TrimSpace(s), ":")
 	p := ProcSpec{Kind: parts[0], Name: strings.TrimSpace(s)}
-	if p.Kind != "ours" && p.Kind != "kstreams" {
-		return p, fmt.Errorf("processor %q: kind must be ours or kstreams", s)
+	if p.Kind != "ours" && p.Kind != "kstreams" && p.Kind != "floor" {
+		return p, fmt.Errorf("processor %q: kind must be ours, kstreams or floor", s)
+	}
+	if p.Kind == "floor" && len(parts) > 1 {
+		return p, fmt.Errorf("processor %q: floor takes no options", s)
 	}
 	for _, o := range parts[1:] {
 		switch {
@@ -73,6 +76,7 @@ type procEnv struct {
 	IdleTimeout time.Duration
 	Checkpoint  string // "file" (a fresh directory per run) or "memory"
 	VCExtra     []string
+	Self        string // this binary, for the floor processor (velocity-bench floor-proc)
 }
 
 // command builds the child process for one run; dir is the run's scratch directory.
@@ -109,6 +113,12 @@ func (e procEnv) command(p ProcSpec, input, output, dlq, group, dir string) (*ex
 		args := append(append([]string{}, e.JavaOpts...), "-jar", e.Jar,
 			e.Brokers, input, output, group, filepath.Join(dir, "kstreams-state"), mode)
 		cmd = exec.Command(e.Java, args...)
+	case "floor":
+		cmd = exec.Command(e.Self, "floor-proc",
+			"--brokers", e.Brokers,
+			"--group", group,
+			"--input-topic", input,
+			"--output-topic", output)
 	default:
 		return nil, fmt.Errorf("unknown processor kind %q", p.Kind)
 	}

@@ -3,8 +3,12 @@ package main
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 )
+
+// floorProc is the floor processor's name in results (it takes no options).
+const floorProc = "floor"
 
 // group is the results of one (mode, processor, entities, rate) cell over the rounds.
 type group struct {
@@ -122,14 +126,24 @@ func Report(all []Result) string {
 		return fmt.Sprintf("%.2f", x)
 	}
 	b.WriteString("Throughput (input produced first; medians over rounds):\n\n")
-	b.WriteString("| processor | entities | runs | events/s | wall s (incl. startup) | startup s | peak RSS MiB | CPU s / M events | answered/inputs | ours/peer events/s | ours/peer RSS | ours/peer CPU |\n")
-	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |\n")
+	// The floor columns appear when a floor ran: ours/floor per round, medianed, on
+	// each ours row (the floor is the ceiling, not a peer to beat).
+	hasFloor := slices.Contains(procs["throughput"], floorProc)
+	b.WriteString("| processor | entities | runs | events/s | wall s (incl. startup) | startup s | peak RSS MiB | CPU s / M events | answered/inputs | ours/peer events/s | ours/peer RSS | ours/peer CPU |")
+	if hasFloor {
+		b.WriteString(" ours/floor events/s | ours/floor CPU |")
+	}
+	b.WriteString("\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |")
+	if hasFloor {
+		b.WriteString(" ---: | ---: |")
+	}
+	b.WriteString("\n")
 	for _, g := range groups {
 		if g.mode != "throughput" {
 			continue
 		}
 		ref, rt, rr, rc := "", math.NaN(), math.NaN(), math.NaN()
-		if !strings.HasPrefix(g.proc, "ours") {
+		if !strings.HasPrefix(g.proc, "ours") && g.proc != floorProc {
 			ref = refFor(g.proc, procs[g.mode])
 			rt = ratio(all, g.mode, ref, g.proc, g.entities, g.rate, func(r Result) float64 { return r.EventsPerSec })
 			rr = ratio(all, g.mode, ref, g.proc, g.entities, g.rate, func(r Result) float64 { return r.PeakRSSMiB })
@@ -139,7 +153,7 @@ func Report(all []Result) string {
 		if g.runs[0].DeadLetters > 0 {
 			answered += fmt.Sprintf(" (%d DLQ)", g.runs[0].DeadLetters)
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %.0f | %.1f | %.1f | %.0f | %.2f | %s | %s | %s | %s |\n",
+		fmt.Fprintf(&b, "| %s | %d | %d | %.0f | %.1f | %.1f | %.0f | %.2f | %s | %s | %s | %s |",
 			g.proc, g.entities, len(g.runs),
 			g.median(func(r Result) float64 { return r.EventsPerSec }),
 			g.median(func(r Result) float64 { return r.WallSec }),
@@ -147,6 +161,15 @@ func Report(all []Result) string {
 			g.median(func(r Result) float64 { return r.PeakRSSMiB }),
 			g.median(func(r Result) float64 { return r.CPUSecPerMEvt }),
 			answered, withRef(fmtRatio(rt), ref), fmtRatio(rr), fmtRatio(rc))
+		if hasFloor {
+			ft, fc := math.NaN(), math.NaN()
+			if strings.HasPrefix(g.proc, "ours") {
+				ft = ratio(all, g.mode, g.proc, floorProc, g.entities, g.rate, func(r Result) float64 { return r.EventsPerSec })
+				fc = ratio(all, g.mode, g.proc, floorProc, g.entities, g.rate, func(r Result) float64 { return r.CPUSecPerMEvt })
+			}
+			fmt.Fprintf(&b, " %s | %s |", fmtRatio(ft), fmtRatio(fc))
+		}
+		b.WriteString("\n")
 	}
 	b.WriteString("\nLatency (event_time = produce wall time; latency = output's broker append time − event_time; medians over rounds):\n\n")
 	b.WriteString("| processor | entities | rate ev/s | runs | latency samples | p50 ms | p99 ms | p999 ms | max ms | peak RSS MiB | CPU s / M events | busy cores (processor / broker / load generator) | ours/peer p99 | ours/peer RSS |\n")

@@ -231,7 +231,7 @@ func (r *runner) measure(ctx context.Context, res *Result, p ProcSpec, input, ou
 	if feed != nil {
 		latInput = input
 	}
-	sr, err := scanOutputs(ctx, r.brokers, latInput, output, dlq, want, minEventTime, disorder, 3*time.Minute)
+	sr, err := scanOutputs(ctx, r.brokers, latInput, output, dlq, want, minEventTime, disorder, p.Kind == "floor", 3*time.Minute)
 	stop()
 	res.ExitCPUSec = exit.CPU.Seconds()
 	res.ExitMaxRSSMiB = float64(exit.PeakRSSB) / (1 << 20)
