@@ -5,9 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"strings"
 	"sync/atomic"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -20,10 +18,10 @@ import (
 // The floor processor (`floor` in --processors) is the transport ceiling for a consumer
 // that writes one record per input record: it consumes the input like ours (a group,
 // read_committed, the same fetch settings) and, for each input record, produces one
-// record of the features' size with our producer settings (sink.ProducerOpts:
+// record of the features' size and content with our producer settings (sink.ProducerOpts:
 // idempotent, acks=all, lz4, 2 ms linger) to the input record's partition. It does no
-// processing at all: no decode, no state, no encode; every output shares one constant
-// value. It runs as a child process (`velocity-bench floor-proc`) so that the harness
+// processing at all: no decode, no state, no encode; the outputs cycle through a pool
+// of features records encoded at startup. It runs as a child process (`velocity-bench floor-proc`) so that the harness
 // measures its CPU exactly as it measures ours.
 //
 // Its outputs do not decode as features, so the harness counts them by position
@@ -38,37 +36,49 @@ const (
 	floorHeaderStamp = "velocity.floor"
 )
 
-// featuresSize is the encoded size of a typical features record of the benchmark's
-// workload under our default windows: a 36-byte event id, a 12-byte entity id, the
-// input topic's name, event times and amounts of the workload's magnitude.
-func featuresSize(inputTopic string) (int, error) {
-	f, err := typicalFeatures(inputTopic)
-	if err != nil {
-		return 0, err
-	}
-	return len(codec.AppendFeatures(nil, &f)), nil
-}
+// floorPoolSize is how many distinct values the floor cycles through: 1024 records of
+// about 200 bytes span more than LZ4's 64 KiB window, so a batch compresses about as
+// well as a batch of our features, not as well as one value repeated.
+const floorPoolSize = 1024
 
-func typicalFeatures(inputTopic string) (codec.Features, error) {
+// floorValues are n encoded features records made from the benchmark workload's
+// events (its 36-byte event ids, its entity ids, its amounts) under our default
+// windows, with the input topic as their source: values of our features' size and
+// content, built once before the floor consumes anything.
+func floorValues(inputTopic string, n int) ([][]byte, error) {
 	specs, err := window.ParseSpecs(window.DefaultSpecs)
 	if err != nil {
-		return codec.Features{}, err
+		return nil, err
 	}
-	f := codec.Features{
-		EventID:         strings.Repeat("e", 36),
-		EntityID:        "entity-00001",
-		EventTime:       time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli(),
-		MsSincePrevious: 1500,
-		HasPrevious:     true,
-		SourceTopic:     inputTopic,
-		SourcePartition: 3,
-		SourceOffset:    250_000,
+	w := DefaultWorkload(100_000, n)
+	g, err := NewGenerator(w)
+	if err != nil {
+		return nil, err
 	}
-	for _, s := range specs {
-		f.Windows = append(f.Windows, codec.WindowAgg{Name: s.Name, WindowMs: s.WindowMs, BucketMs: s.BucketMs,
-			Count: 12, SumMinor: 1_234_567, MinMinor: 1_000, MaxMinor: 250_000})
+	out := make([][]byte, 0, n)
+	for i := 0; ; i++ {
+		ev, ok := g.Next()
+		if !ok {
+			break
+		}
+		f := codec.Features{
+			EventID:         string(ev.ID[:]),
+			EntityID:        EntityID(ev.Entity),
+			EventTime:       w.EventTime(i, ev.DisorderMs),
+			MsSincePrevious: int64(1 + i%5000),
+			HasPrevious:     i%3 != 0,
+			SourceTopic:     inputTopic,
+			SourcePartition: int32(i % partitions),
+			SourceOffset:    int64(i / partitions),
+		}
+		for k, s := range specs {
+			c := int64(1 + (i+k)%(8<<k))
+			f.Windows = append(f.Windows, codec.WindowAgg{Name: s.Name, WindowMs: s.WindowMs, BucketMs: s.BucketMs,
+				Count: c, SumMinor: c * ev.AmountMin, MinMinor: ev.AmountMin / 2, MaxMinor: ev.AmountMin * 2})
+		}
+		out = append(out, codec.AppendFeatures(nil, &f))
 	}
-	return f, nil
+	return out, nil
 }
 
 func cmdFloorProc(ctx context.Context, args []string) error {
@@ -77,25 +87,17 @@ func cmdFloorProc(ctx context.Context, args []string) error {
 	group := fs.String("group", "", "consumer group; required")
 	input := fs.String("input-topic", "", "input topic; required")
 	output := fs.String("output-topic", "", "output topic; required")
-	size := fs.Int("value-size", 0, "bytes per output value (0: the size of a typical features record)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *group == "" || *input == "" || *output == "" {
 		return fmt.Errorf("--group, --input-topic and --output-topic are required")
 	}
-	if *size <= 0 {
-		n, err := featuresSize(*input)
-		if err != nil {
-			return err
-		}
-		*size = n
+	values, err := floorValues(*input, floorPoolSize)
+	if err != nil {
+		return err
 	}
 	bl := splitList(*brokers)
-	value := make([]byte, *size)
-	for i := range value {
-		value[i] = byte('a' + i%26) // not all zeros: lz4 should not get an easier input than ours
-	}
 	host, _ := os.Hostname()
 	headers := []kgo.RecordHeader{
 		{Key: floorHeaderStamp, Value: []byte("1764615600000")}, // as long as a Unix-ms emitted_at
@@ -128,6 +130,7 @@ func cmdFloorProc(ctx context.Context, args []string) error {
 			firstErr.CompareAndSwap(nil, &err)
 		}
 	}
+	next := 0
 	for {
 		fetches := cons.PollFetches(ctx)
 		if ctx.Err() != nil {
@@ -140,7 +143,10 @@ func cmdFloorProc(ctx context.Context, args []string) error {
 			return fmt.Errorf("fetch %s[%d]: %w", errs[0].Topic, errs[0].Partition, errs[0].Err)
 		}
 		fetches.EachRecord(func(in *kgo.Record) {
-			prod.Produce(ctx, &kgo.Record{Key: in.Key, Value: value, Headers: headers, Partition: in.Partition}, done)
+			prod.Produce(ctx, &kgo.Record{Key: in.Key, Value: values[next], Headers: headers, Partition: in.Partition}, done)
+			if next++; next == len(values) {
+				next = 0
+			}
 		})
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 	"time"
@@ -62,24 +63,39 @@ func TestFloorCommand(t *testing.T) {
 	}
 }
 
-func TestFeaturesSizeIsAFeaturesRecord(t *testing.T) {
-	n, err := featuresSize("vb-abc-1-input-in")
+func TestFloorValuesAreDistinctFeaturesRecords(t *testing.T) {
+	vals, err := floorValues("vb-abc-1-input-in", 64)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// 4 default windows of 7 fields each, two ids, the topic: well over 100 bytes,
-	// and an encoding of it must decode (the size is of a real record).
-	if n < 100 || n > 400 {
-		t.Errorf("featuresSize = %d, want a features record's size (100..400 bytes)", n)
+	if len(vals) != 64 {
+		t.Fatalf("%d values, want 64", len(vals))
 	}
-	longer, _ := featuresSize("vb-abc-1-input-in-longer")
-	if longer != n+len("-longer") {
-		t.Errorf("featuresSize grows by %d with a 7-byte longer topic, want 7", longer-n)
+	seen := map[string]bool{}
+	total := 0
+	for i, v := range vals {
+		f, err := codec.DecodeFeatures(v)
+		if err != nil {
+			t.Fatalf("value %d does not decode as features: %v", i, err)
+		}
+		if len(f.Windows) != 4 || f.SourceTopic != "vb-abc-1-input-in" || len(f.EventID) != 36 || !strings.HasPrefix(f.EntityID, "card-") {
+			t.Errorf("value %d is not shaped like our features: %+v", i, f)
+		}
+		if seen[string(v)] {
+			t.Errorf("value %d repeats an earlier one: the pool would compress better than ours", i)
+		}
+		seen[string(v)] = true
+		total += len(v)
 	}
-	f, _ := typicalFeatures("vb-abc-1-input-in")
-	got, err := codec.DecodeFeatures(codec.AppendFeatures(nil, &f))
-	if err != nil || len(got.Windows) != 4 || got.SourceTopic != "vb-abc-1-input-in" {
-		t.Errorf("the sized record does not decode as our features: %+v, %v", got, err)
+	// 36 + 12 byte ids, the topic, 4 windows of 7 fields: about 150-250 bytes.
+	if mean := total / len(vals); mean < 120 || mean > 300 {
+		t.Errorf("mean value size %d bytes, want a features record's (120..300)", mean)
+	}
+	again, _ := floorValues("vb-abc-1-input-in", 64)
+	for i := range vals {
+		if !bytes.Equal(vals[i], again[i]) {
+			t.Fatalf("value %d differs between two pools: the floor must be the same in every run", i)
+		}
 	}
 }
 
