@@ -11,8 +11,9 @@
 //	velocity-bench equal      run ours and Kafka Streams on one workload and compare their features
 //	                          record by record, each difference explained (equal.go, equalcmp.go)
 //
-// A processor is a child process: our binary's `run`, or the Kafka Streams peer in
-// bench/kstreams. The harness creates fresh topics and a fresh group per run (the
+// A processor is a child process: our binary's `run`, the Kafka Streams peer in
+// bench/kstreams, or the floor (this binary's hidden `floor-proc`, floor.go): a
+// passthrough with our producer settings, the ceiling ours is measured against. The harness creates fresh topics and a fresh group per run (the
 // outputs with message.timestamp.type=LogAppendTime, so that every time it reports comes
 // from the broker's clock), waits until the outputs hold one record per input, samples
 // the child's CPU time and peak RSS from /proc at that moment, stops it, and reads the
