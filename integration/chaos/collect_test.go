@@ -42,9 +42,9 @@ type srcKey struct {
 
 // output is one features record or dead letter, reduced to what must be the
 // same in every run over the same input: the kind, the key, the value and,
-// for a dead letter, its reason and error. The headers with processing-time
-// facts (velocity.emitted_at, velocity.host) are left out, as the contract
-// allows them to differ.
+// for a dead letter, its reason and error. The other headers (processing-time
+// facts such as velocity.emitted_at and velocity.host) are left out, as the
+// contract allows them to differ.
 type output struct {
 	dead      bool
 	key       []byte
