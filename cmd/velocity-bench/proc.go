@@ -77,6 +77,9 @@ type procEnv struct {
 	Checkpoint  string // "file" (a fresh directory per run) or "memory"
 	VCExtra     []string
 	Self        string // this binary, for the floor processor (velocity-bench floor-proc)
+	// MetricsAddr, when set, is where ours serves /metrics (latency runs read its
+	// velocity_added_latency_seconds there); empty turns its metrics off.
+	MetricsAddr string
 }
 
 // command builds the child process for one run; dir is the run's scratch directory.
@@ -97,7 +100,7 @@ func (e procEnv) command(p ProcSpec, input, output, dlq, group, dir string) (*ex
 			"--allowed-lateness", p.Lateness.String(),
 			"--idle-timeout", e.IdleTimeout.String(),
 			"--checkpoint-store", store,
-			"--metrics-addr", "",
+			"--metrics-addr", e.MetricsAddr,
 			"--log-level", "warn",
 		}
 		if p.EOS {

@@ -194,6 +194,20 @@ func Report(all []Result) string {
 			g.median(func(r Result) float64 { return r.CPUSecPerMEvt }),
 			g.steadyCores(), withRef(fmtRatio(rp), ref), fmtRatio(rr))
 	}
+	added := false
+	for _, g := range groups {
+		if g.mode != "latency" || g.runs[0].AddedBatches == 0 {
+			continue
+		}
+		if !added {
+			added = true
+			b.WriteString("\nAdded latency (ours' own velocity_added_latency_seconds over the measured phase: per batch, poll to producer hand-off, without the reorder wait or the broker; medians over rounds):\n\n")
+			b.WriteString("| processor | entities | rate ev/s | runs | batches | p50 ms | p99 ms |\n")
+			b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %.3f | %.3f |\n", g.proc, g.entities, g.rate, len(g.runs), g.runs[0].AddedBatches,
+			g.median(func(r Result) float64 { return r.AddedP50Ms }), g.median(func(r Result) float64 { return r.AddedP99Ms }))
+	}
 	if failed > 0 {
 		fmt.Fprintf(&b, "\n%d run(s) failed and are left out; see the results file.\n", failed)
 	}

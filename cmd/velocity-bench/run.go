@@ -46,10 +46,16 @@ type Result struct {
 	// PerSecondSplitMs: per second, the largest of each part of the latency (to
 	// the input's append, on to emitted_at, on to the output's append; −1 unknown).
 	PerSecondSplitMs [][3]int64 `json:"per_second_split_ms,omitempty"`
-	P50Ms            float64    `json:"p50_ms"`
-	P99Ms            float64    `json:"p99_ms"`
-	P999Ms           float64    `json:"p999_ms"`
-	MaxMs            float64    `json:"max_ms"`
+	// AddedP50Ms and AddedP99Ms are, for ours in a latency run, the quantiles of
+	// its own velocity_added_latency_seconds over the measured phase (per batch,
+	// poll to producer hand-off), from AddedBatches observations.
+	AddedP50Ms   float64 `json:"added_p50_ms,omitempty"`
+	AddedP99Ms   float64 `json:"added_p99_ms,omitempty"`
+	AddedBatches int     `json:"added_batches,omitempty"`
+	P50Ms        float64 `json:"p50_ms"`
+	P99Ms        float64 `json:"p99_ms"`
+	P999Ms       float64 `json:"p999_ms"`
+	MaxMs        float64 `json:"max_ms"`
 	// The p99 split at the processor's velocity.emitted_at header (ours only; Kafka
 	// Streams sets none): ToEmit = event_time → the processor produced the record
 	// (load generator, broker, fetch, queueing and processing); FromEmit = that →
@@ -149,6 +155,15 @@ func (r *runner) runLatency(ctx context.Context, p ProcSpec, w Workload, rate in
 		return res
 	}
 	disorder := map[string]int64{}
+	metrics := ""
+	if p.Kind == "ours" {
+		if metrics, err = freeLoopbackAddr(); err != nil {
+			res.Err = err.Error()
+			return res
+		}
+		r.env.MetricsAddr = metrics
+		defer func() { r.env.MetricsAddr = "" }()
+	}
 	feed := func(ctx context.Context, c *child) (int, int64, error) {
 		cl, err := newProducer(r.brokers, input)
 		if err != nil {
@@ -165,9 +180,21 @@ func (r *runner) runLatency(ctx context.Context, p ProcSpec, w Workload, rate in
 			return 0, 0, fmt.Errorf("warm-up: %w", err)
 		}
 		minEventTime := time.Now().Add(skip).UnixMilli()
+		var h0 histogram
+		if metrics != "" {
+			h0, _ = scrapeHistogram(ctx, metrics, addedLatencyMetric) // none yet: counted from zero
+		}
 		before := markCPU(c.cmd.Process.Pid, localBrokers())
 		n, err := producePaced(ctx, cl, g, rate, d, disorder)
 		res.Steady = steadyCPU(before, markCPU(c.cmd.Process.Pid, before.brokerPIDs))
+		if metrics != "" {
+			if h1, herr := scrapeHistogram(ctx, metrics, addedLatencyMetric); herr == nil {
+				if dh, herr := h1.since(h0); herr == nil && dh.count() > 0 {
+					res.AddedP50Ms, res.AddedP99Ms = 1e3*dh.quantile(0.5), 1e3*dh.quantile(0.99)
+					res.AddedBatches = int(dh.count())
+				}
+			}
+		}
 		return sentWarm + n, minEventTime, err
 	}
 	r.measure(ctx, &res, p, input, output, dlq, group, dir, 0, math.MinInt64, disorder, feed)
