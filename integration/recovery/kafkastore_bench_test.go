@@ -17,19 +17,8 @@ import (
 // on the real broker. The payload is random bytes: incompressible, so lz4
 // does not flatter the numbers.
 func BenchmarkKafkaStore125MB(b *testing.B) {
-	addr := kafkatest.Broker(b)
-	topic := kafkatest.Name(b, "snap")
 	ctx := context.Background()
-	st, err := checkpoint.NewKafkaStore(ctx, checkpoint.KafkaConfig{Brokers: kafkatest.Seeds(addr), Topic: topic})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer st.Close()
-	b.Cleanup(func() {
-		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_, _ = kafkatest.Admin(b, addr).DeleteTopic(c, topic)
-	})
+	st := openBenchStore(b)
 	state := make([]byte, 125_500_000)
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := 0; i+8 <= len(state); i += 8 {
@@ -65,19 +54,8 @@ func BenchmarkKafkaStore125MB(b *testing.B) {
 // owner. 64 other partitions save in between, as other partitions of a group
 // would, so the fencing read has records to skip.
 func BenchmarkKafkaStoreSmallSave(b *testing.B) {
-	addr := kafkatest.Broker(b)
-	topic := kafkatest.Name(b, "snap")
 	ctx := context.Background()
-	st, err := checkpoint.NewKafkaStore(ctx, checkpoint.KafkaConfig{Brokers: kafkatest.Seeds(addr), Topic: topic})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer st.Close()
-	b.Cleanup(func() {
-		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_, _ = kafkatest.Admin(b, addr).DeleteTopic(c, topic)
-	})
+	st := openBenchStore(b)
 	state := make([]byte, 16<<10)
 	others := make([]checkpoint.Key, 64)
 	for i := range others {
@@ -98,4 +76,23 @@ func BenchmarkKafkaStoreSmallSave(b *testing.B) {
 		own += time.Since(t0)
 	}
 	b.ReportMetric(own.Seconds()*1e3/float64(b.N), "ms/save")
+}
+
+// openBenchStore opens a kafka store on a new snapshot topic of the test broker,
+// closed and deleted when b ends.
+func openBenchStore(b *testing.B) *checkpoint.KafkaStore {
+	b.Helper()
+	addr := kafkatest.Broker(b)
+	topic := kafkatest.Name(b, "snap")
+	st, err := checkpoint.NewKafkaStore(context.Background(), checkpoint.KafkaConfig{Brokers: kafkatest.Seeds(addr), Topic: topic})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		st.Close()
+		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, _ = kafkatest.Admin(b, addr).DeleteTopic(c, topic)
+	})
+	return st
 }

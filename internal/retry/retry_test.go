@@ -30,6 +30,8 @@ func TestTransient(t *testing.T) {
 	}{
 		{"refused dial, as franz-go wraps it", fmt.Errorf("unable to dial: %w", dialErr), true},
 		{"coordinator loading", kerr.CoordinatorLoadInProgress, true},
+		{"not the coordinator", kerr.NotCoordinator, true},
+		{"aborted", kerr.TransactionAbortable, false},
 		{"leader moving", fmt.Errorf("list offsets: %w", kerr.NotLeaderForPartition), true},
 		{"connection closed", fmt.Errorf("read: %w", io.EOF), true},
 		{"fenced", kerr.ProducerFenced, false},

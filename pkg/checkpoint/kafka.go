@@ -376,7 +376,7 @@ func (s *KafkaStore) chunkPartition(k Key) int32 {
 // manifest of the highest epoch (the last of them in the log), so from the
 // claim on nothing an older owner writes is read.
 func (s *KafkaStore) Claim(ctx context.Context, key Key, tiebreak uint32) (uint64, error) {
-	st, err := s.refresh(ctx, key, true)
+	st, err := s.refresh(ctx, key)
 	if err != nil {
 		return 0, fmt.Errorf("claim %s: %w", key, err)
 	}
@@ -401,7 +401,7 @@ func (s *KafkaStore) Claim(ctx context.Context, key Key, tiebreak uint32) (uint6
 // tombstoning anything, since the new owner's manifests may refer to the
 // generation it would have deleted.
 func (s *KafkaStore) Save(ctx context.Context, key Key, snap Snapshot) error {
-	st, err := s.refresh(ctx, key, false)
+	st, err := s.refresh(ctx, key)
 	if err != nil {
 		return fmt.Errorf("save snapshot %s: %w", key, err)
 	}
@@ -427,7 +427,7 @@ func (s *KafkaStore) Save(ctx context.Context, key Key, snap Snapshot) error {
 	if err := s.cl.ProduceSync(ctx, &kgo.Record{Topic: s.topic, Partition: manifestPartition, Key: manifestKey(key), Value: m.encode()}).FirstErr(); err != nil {
 		return fmt.Errorf("save snapshot %s: produce manifest to %s: %w", key, s.topic, s.explain(err))
 	}
-	after, err := s.refresh(ctx, key, false)
+	after, err := s.refresh(ctx, key)
 	if err != nil {
 		// The manifest is durable; whether a newer owner claimed the
 		// partition meanwhile is unknown, so nothing is tombstoned.
@@ -531,10 +531,9 @@ func (st *manifestState) apply(want string, r *kgo.Record) {
 // start and applies every manifest record to the state of its key, so a
 // refresh reads only the records written since the last one (a checkpoint's
 // fencing read costs one list-offsets request and the new records, not a new
-// client and a read of the partition). full is kept for the callers that must
-// see everything up to now (Claim, Load): with the tail it is the same read.
-func (s *KafkaStore) refresh(ctx context.Context, key Key, full bool) (manifestState, error) {
-	_ = full
+// client and a read of the partition). What it returns covers every manifest
+// written before it began.
+func (s *KafkaStore) refresh(ctx context.Context, key Key) (manifestState, error) {
 	s.tailMu.Lock()
 	defer s.tailMu.Unlock()
 	var ends kadm.ListedOffsets
@@ -767,7 +766,7 @@ func (s *KafkaStore) explain(err error) error {
 
 // Load implements Store: the effective manifest's snapshots (see apply).
 func (s *KafkaStore) Load(ctx context.Context, key Key) (Loaded, error) {
-	st, err := s.refresh(ctx, key, true)
+	st, err := s.refresh(ctx, key)
 	if err != nil {
 		return Loaded{}, fmt.Errorf("load snapshot %s: %w", key, err)
 	}

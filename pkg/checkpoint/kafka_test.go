@@ -116,7 +116,7 @@ func TestKafkaStore(t *testing.T) {
 	}
 
 	// A manifest whose newest generation lost a chunk: fall back to the previous.
-	ms, err := s.refresh(ctx, key, true)
+	ms, err := s.refresh(ctx, key)
 	if err != nil {
 		t.Fatal(err)
 	}

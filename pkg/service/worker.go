@@ -26,7 +26,6 @@ import (
 type bgResult struct {
 	snap      *pipeline.PendingSnapshot
 	next      int64
-	id        checkpoint.ID
 	saved     bool // the snapshot is durable
 	committed bool // and next is committed
 	err       error
@@ -77,8 +76,7 @@ type worker struct {
 	//	dirty      the state changed since the last snapshot was cut: records
 	//	           were processed, or outputs emitted (an idle release changes
 	//	           the state and publishes without moving any offset)
-	//	lastNext   Next at the last cut
-	//	savedNext  Next of the last durable snapshot, savedID its ID
+	//	savedNext  Next of the last durable snapshot
 	//	committed  the last offset the group commit (or the transaction)
 	//	           acknowledged; below savedNext after a commit failed, which
 	//	           the next interval, and any handover, retries
@@ -90,9 +88,7 @@ type worker struct {
 	// (checkpoint.CommitNote) for a warm-up to repeat.
 	idleFlushAt int64
 	dirty       bool
-	lastNext    int64
 	savedNext   int64
-	savedID     checkpoint.ID
 	committed   int64
 	lastDurable time.Time
 	lastSweep   time.Time // of unlisted dedupe segments (zero: not since the partition was assigned)
@@ -131,7 +127,6 @@ func (s *Service) startWorker(p int32, proc *pipeline.Processor, txn *kgo.Client
 		done:        make(chan struct{}),
 		queries:     make(chan *ReadRequest, queryQueue),
 		bgDone:      make(chan bgResult, 1),
-		lastNext:    proc.Next(),
 		savedNext:   proc.Next(),
 		committed:   committed,
 		lastDurable: time.Now(),
@@ -629,7 +624,7 @@ func (w *worker) cut() *sweep {
 		start: time.Now(),
 	}
 	w.snapBuf = nil // owned by the snapshot until settle returns it
-	w.lastNext, w.dirty = sw.next, false
+	w.dirty = false
 	return sw
 }
 
@@ -694,7 +689,7 @@ func (w *worker) completeSweep() {
 // worker is released (the partition lost or revoked) it stops before the save
 // and before the commit: an old owner must not move the group's offset.
 func (w *worker) persist(sw *sweep) bgResult {
-	res := bgResult{snap: sw.snap, next: sw.next, id: sw.id}
+	res := bgResult{snap: sw.snap, next: sw.next}
 	state, err := sw.snap.Finish()
 	if err != nil {
 		w.s.m.CheckpointErrors.Inc()
@@ -764,7 +759,7 @@ func (w *worker) settle(res bgResult) error {
 	w.proc.EndSnapshot(res.snap)
 	w.snapBuf = res.snap.Bytes()[:0]
 	if res.saved {
-		w.savedNext, w.savedID = res.next, res.id
+		w.savedNext = res.next
 		w.deleteSegments(w.proc.SnapshotSaved(res.snap))
 		w.sweepSegments()
 	} else {
