@@ -29,6 +29,17 @@ type Transaction struct {
 	AmountMinor int64
 	Currency    string // "" or three uppercase ASCII letters
 	EventTime   int64  // Unix milliseconds UTC
+
+	// Ext carries what a feature definition's filters and distinct counts need from
+	// the record, decided once at decode; nil without a definition (pkg/definition):
+	//
+	//	Ext[0]   bit i (0..31) = filter i matched this record;
+	//	         bit 32+j      = distinct slot j has a value in this record
+	//	Ext[1+j] = the 64-bit hash of distinct slot j's value (0 when absent)
+	//
+	// A decoder reuses its backing array (tx.Ext = append(tx.Ext[:0], ...)), so the
+	// reorder buffer and snapshots carry these words, never the record.
+	Ext []uint64
 }
 
 // Reason is the machine-readable cause of a dead letter, the value of the
@@ -121,6 +132,14 @@ type Decoder interface {
 	// ahead event_time may be only when hasMaxSeen. tx is unspecified after a
 	// rejection. value is not retained.
 	Decode(value []byte, maxSeen int64, hasMaxSeen bool, tx *Transaction) *Rejection
+}
+
+// Validate applies the contract's field rules to a decoded tx (see validate),
+// with limits' zero fields at their defaults. Reasons name the contract's fields
+// (invalid:event_id, ...); a decoder over another schema renames them to its own.
+func Validate(tx *Transaction, limits Limits, maxSeen int64, hasMaxSeen bool) *Rejection {
+	l := limits.withDefaults()
+	return validate(tx, &l, maxSeen, hasMaxSeen)
 }
 
 // validate applies the contract's field rules in schema order; the first
