@@ -171,6 +171,6 @@ func (d *twmbDecoder) Decode(value []byte, maxSeen int64, hasMaxSeen bool, tx *T
 	if len(rest) != 0 {
 		return &Rejection{ReasonDecode, "trailing bytes after the record"}
 	}
-	*tx = Transaction(t)
+	*tx = Transaction{EventID: t.EventID, EntityID: t.EntityID, AmountMinor: t.AmountMinor, Currency: t.Currency, EventTime: t.EventTime}
 	return validate(tx, &d.limits, maxSeen, hasMaxSeen)
 }

@@ -3,6 +3,7 @@ package codec
 import (
 	"bytes"
 	"math"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -84,7 +85,7 @@ func TestValidation(t *testing.T) {
 					if r != nil {
 						t.Fatalf("rejected: %v", r)
 					}
-					if got != in {
+					if !reflect.DeepEqual(got, in) {
 						t.Fatalf("decoded %+v, want %+v", got, in)
 					}
 					return

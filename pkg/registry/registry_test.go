@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -122,7 +123,7 @@ func TestDecodeByRegistryID(t *testing.T) {
 			switch {
 			case tt.reason == "" && rej != nil:
 				t.Fatalf("rejected: %v", rej)
-			case tt.reason == "" && tx != tt.want:
+			case tt.reason == "" && !reflect.DeepEqual(tx, tt.want):
 				t.Fatalf("decoded %+v, want %+v", tx, tt.want)
 			case tt.reason != "" && rej == nil:
 				t.Fatalf("accepted %+v, want a %s rejection", tx, tt.reason)

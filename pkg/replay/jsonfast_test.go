@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -60,7 +61,7 @@ func TestJSONFastAgreesWithGeneral(t *testing.T) {
 		if rej := parseJSONGeneral(line, &general); rej != nil {
 			t.Fatalf("fast path accepted %s, the general parser refuses it: %v", line, rej)
 		}
-		if fast != general {
+		if !reflect.DeepEqual(fast, general) {
 			t.Fatalf("%s:\nfast    %+v\ngeneral %+v", line, fast, general)
 		}
 	}
@@ -156,7 +157,7 @@ func FuzzParseJSONTransaction(f *testing.F) {
 			if rej != nil {
 				t.Fatalf("fast path accepted %q, the general parser refuses it: %v", line, rej)
 			}
-			if fast != general {
+			if !reflect.DeepEqual(fast, general) {
 				t.Fatalf("%q:\nfast    %+v\ngeneral %+v", line, fast, general)
 			}
 		}
