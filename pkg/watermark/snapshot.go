@@ -13,6 +13,7 @@ import (
 //	pending:u32, then per event in release order:
 //	    offset:i64 eventTime:i64 amount:i64 aux:i64 size:i32
 //	    len(eventID):u32 eventID len(entityID):u32 entityID
+//	    with flag bit 2 (ext) only: len(ext):u8 ext:u64...
 //	ids:u32, then per live id in acceptance order: hashHi:u64 hashLo:u64 eventTime:i64
 //	crc32c:u32 over every byte before it
 //
@@ -28,6 +29,9 @@ const (
 	snapVersion   = 1
 	flagHasMax    = 1 << 0
 	flagPressure  = 1 << 1
+	// flagExt: some pending event carries Ext words, so every event states how many
+	// it has. Without it the bytes are exactly those of a build that had no Ext.
+	flagExt = 1 << 2
 	snapHeaderLen = len(snapMagic) + 1 + 1 + 8
 	eventMinLen   = 4*8 + 4 + 4 + 4
 	idEntryLen    = 8 + 8 + 8
@@ -98,6 +102,7 @@ func (s *Stage) BeginSnapshotWith(dst []byte, segmented bool) ([]byte, *PendingS
 	if s.pressure {
 		flags |= flagPressure
 	}
+	flagsAt := len(dst) + 1
 	dst = append(dst, version, flags)
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(s.maxSeen))
 
@@ -112,13 +117,23 @@ func (s *Stage) BeginSnapshotWith(dst []byte, segmented bool) ([]byte, *PendingS
 		}
 		return 0 // only an item compared with itself: seq makes keys unique
 	})
+	ext := false
+	for i := 0; i < s.run.n && !ext; i++ {
+		ext = len(s.run.at(i).ev.Ext) > 0
+	}
+	for i := 0; i < len(s.scratch) && !ext; i++ {
+		ext = len(s.slab[s.scratch[i].slot].Ext) > 0
+	}
+	if ext {
+		dst[flagsAt] |= flagExt
+	}
 	ri, hp := 0, 0
 	for ri < s.run.n || hp < len(s.scratch) {
 		if ri < s.run.n && (hp == len(s.scratch) || !s.scratch[hp].before(s.run.at(ri))) {
-			dst = appendEvent(dst, &s.run.at(ri).ev)
+			dst = appendEvent(dst, &s.run.at(ri).ev, ext)
 			ri++
 		} else {
-			dst = appendEvent(dst, &s.slab[s.scratch[hp].slot])
+			dst = appendEvent(dst, &s.slab[s.scratch[hp].slot], ext)
 			hp++
 		}
 	}
@@ -270,7 +285,7 @@ func appendID(dst []byte, e idEntry) []byte {
 	return binary.LittleEndian.AppendUint64(dst, uint64(e.t))
 }
 
-func appendEvent(dst []byte, ev *Event) []byte {
+func appendEvent(dst []byte, ev *Event, ext bool) []byte {
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(ev.Offset))
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(ev.EventTime))
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(ev.Amount))
@@ -279,7 +294,14 @@ func appendEvent(dst []byte, ev *Event) []byte {
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(ev.EventID)))
 	dst = append(dst, ev.EventID...)
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(ev.EntityID)))
-	return append(dst, ev.EntityID...)
+	dst = append(dst, ev.EntityID...)
+	if ext {
+		dst = append(dst, byte(len(ev.Ext)))
+		for _, w := range ev.Ext {
+			dst = binary.LittleEndian.AppendUint64(dst, w)
+		}
+	}
+	return dst
 }
 
 // reader decodes with strict bounds: every read checks the remaining length, so a
@@ -368,7 +390,7 @@ func (s *Stage) decode(b []byte, version byte) error {
 	if p := r.take(1, "flags"); p != nil {
 		flags = p[0]
 	}
-	if flags&^(flagHasMax|flagPressure) != 0 {
+	if flags&^(flagHasMax|flagPressure|flagExt) != 0 {
 		r.fail("unknown flags %#x", flags)
 	}
 	s.hasMax = flags&flagHasMax != 0
@@ -399,6 +421,18 @@ func (s *Stage) decode(b []byte, version byte) error {
 		ev.Size = int32(r.u32("size"))
 		ev.EventID = r.str("event id")
 		ev.EntityID = r.str("entity id")
+		if flags&flagExt != 0 {
+			var n int
+			if p := r.take(1, "ext length"); p != nil {
+				n = int(p[0])
+			}
+			if p := r.take(8*n, "ext"); p != nil && n > 0 {
+				ev.Ext = make([]uint64, n)
+				for j := range ev.Ext {
+					ev.Ext[j] = binary.LittleEndian.Uint64(p[8*j:])
+				}
+			}
+		}
 		if r.err != nil {
 			break
 		}

@@ -257,3 +257,45 @@ func mustFinish(t testing.TB, p *PendingSnapshot, buf []byte, start int) []byte 
 	}
 	return b
 }
+
+// Ext words travel through snapshots with their events, and a stage whose events
+// carry none writes exactly the bytes it wrote before Ext existed (no flag, no
+// per-event length), so snapshots of the default definition do not change.
+func TestSnapshotCarriesExt(t *testing.T) {
+	cfg := Config{AllowedLateness: 100, DedupeHorizon: 1000}
+	_, without := sampleSnapshot(t)
+	if without[5]&flagExt != 0 {
+		t.Fatalf("flags %#x: ext flag set with no Ext words", without[5])
+	}
+
+	s := mustNew(t, cfg)
+	s.Offer(Event{Offset: 0, EventTime: 1000, EventID: "a", EntityID: "x", Size: 5, Ext: []uint64{0b101, 1<<63 | 7}})
+	s.Offer(Event{Offset: 1, EventTime: 950, EventID: "b", EntityID: "y", Size: 6}) // none: length 0
+	s.Offer(Event{Offset: 2, EventTime: 960, EventID: "c", EntityID: "y", Size: 6, Ext: []uint64{1}})
+	snap := s.AppendSnapshot(nil)
+	if snap[5]&flagExt == 0 {
+		t.Fatalf("flags %#x: ext flag missing", snap[5])
+	}
+	r, err := Restore(cfg, snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again := r.AppendSnapshot(nil); !bytes.Equal(again, snap) {
+		t.Fatal("a restored stage snapshots to other bytes")
+	}
+	got := r.FlushAll(nil)
+	want := map[int64][]uint64{0: {0b101, 1<<63 | 7}, 1: nil, 2: {1}}
+	if len(got) != 3 {
+		t.Fatalf("flushed %d events, want 3", len(got))
+	}
+	for _, ev := range got {
+		if !slices.Equal(ev.Ext, want[ev.Offset]) {
+			t.Errorf("offset %d: Ext %v, want %v", ev.Offset, ev.Ext, want[ev.Offset])
+		}
+	}
+	// A truncated ext word is corruption, not a short slice.
+	cut := reseal(snap[:len(snap)-crcLen-4-3*idEntryLen-4])
+	if _, err := Restore(cfg, cut); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("truncated ext: %v, want ErrCorrupt", err)
+	}
+}

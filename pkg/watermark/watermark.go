@@ -23,6 +23,10 @@ type Event struct {
 	Amount    int64
 	Size      int32 // bytes charged against the byte bounds (the record's size); negative counts as 0
 	Aux       int64 // opaque to this package (the pipeline stores arrival time), kept in snapshots
+	// Ext is opaque to this package too (a feature definition's filter bits and
+	// distinct hashes, codec.Transaction.Ext), kept in snapshots; at most 255 words.
+	// The stage keeps the slice, not a copy: the caller must not reuse its array.
+	Ext []uint64
 }
 
 // Defaults applied by New for zero Config fields.
