@@ -25,13 +25,13 @@ import (
 // Configuration is not stored: lateness, horizon and marks come from the Config passed to
 // Restore, so an operator may change them across a restart.
 const (
-	snapMagic     = "VCWM"
-	snapVersion   = 1
-	flagHasMax    = 1 << 0
-	flagPressure  = 1 << 1
+	snapMagic    = "VCWM"
+	snapVersion  = 1
+	flagHasMax   = 1 << 0
+	flagPressure = 1 << 1
 	// flagExt: some pending event carries Ext words, so every event states how many
 	// it has. Without it the bytes are exactly those of a build that had no Ext.
-	flagExt = 1 << 2
+	flagExt       = 1 << 2
 	snapHeaderLen = len(snapMagic) + 1 + 1 + 8
 	eventMinLen   = 4*8 + 4 + 4 + 4
 	idEntryLen    = 8 + 8 + 8
