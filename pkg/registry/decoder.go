@@ -29,9 +29,10 @@ type entry struct {
 // the hot path costs one atomic load and one map lookup more than a plain
 // codec decoder; ids are few and resolved once each.
 type Decoder struct {
-	cl     *sr.Client
-	limits codec.Limits
-	ctx    context.Context // bounds Decode's own waiting (see Decode)
+	cl      *sr.Client
+	limits  codec.Limits
+	ctx     context.Context // bounds Decode's own waiting (see Decode)
+	compile Compile         // a writer schema's decoder; codec.NewDecoder unless NewDecoderWith
 
 	ids atomic.Pointer[map[int]*entry]
 	mu  sync.Mutex // serialises resolution so that one id is fetched once
@@ -47,7 +48,21 @@ type Decoder struct {
 // applies limits. ctx bounds Decode's own waiting for an unreachable
 // registry (see Decode); cancel it at shutdown.
 func NewDecoder(ctx context.Context, cl *sr.Client, limits codec.Limits) *Decoder {
-	d := &Decoder{cl: cl, limits: withDefaults(limits), ctx: ctx, minBackoff: 200 * time.Millisecond, maxBackoff: 10 * time.Second}
+	l := withDefaults(limits)
+	return NewDecoderWith(ctx, cl, l, func(schema string) (codec.Decoder, error) { return codec.NewDecoder(schema, l) })
+}
+
+// Compile builds the decoder for one writer schema (the Avro schema text the
+// registry holds for an id). An error makes every value with that id a decode
+// dead letter naming it.
+type Compile func(writerSchema string) (codec.Decoder, error)
+
+// NewDecoderWith is NewDecoder with decoders built by compile: a feature
+// definition's input mapping (pkg/definition) compiles its paths against each
+// writer schema the topic's records name. limits is still applied to the
+// wire-format checks this package makes itself.
+func NewDecoderWith(ctx context.Context, cl *sr.Client, limits codec.Limits, compile Compile) *Decoder {
+	d := &Decoder{cl: cl, limits: withDefaults(limits), ctx: ctx, compile: compile, minBackoff: 200 * time.Millisecond, maxBackoff: 10 * time.Second}
 	empty := map[int]*entry{}
 	d.ids.Store(&empty)
 	return d
@@ -170,10 +185,10 @@ func (d *Decoder) resolve(ctx context.Context, id int) (*entry, error) {
 		e = &entry{rej: &codec.Rejection{Reason: codec.ReasonDecode, Detail: fmt.Sprintf(
 			"schema id %d has schema references, which this consumer does not resolve", id)}}
 	default:
-		dec, derr := codec.NewDecoder(s.Schema, d.limits)
+		dec, derr := d.compile(s.Schema)
 		if derr != nil {
 			e = &entry{rej: &codec.Rejection{Reason: codec.ReasonDecode, Detail: fmt.Sprintf(
-				"schema id %d cannot be read as a Transaction: %v", id, derr)}}
+				"schema id %d cannot be read by this consumer: %v", id, derr)}}
 		} else {
 			e = &entry{dec: dec}
 		}

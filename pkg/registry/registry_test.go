@@ -106,7 +106,7 @@ func TestDecodeByRegistryID(t *testing.T) {
 			codec.Transaction{}, codec.ReasonDecode, "schema id 4242 does not exist"},
 		{"a protobuf schema id", append(AppendHeader(nil, proto.ID), 0), codec.Transaction{}, codec.ReasonDecode, "not Avro"},
 		{"a schema without our required fields", wire(t, noTime.ID, `{"type":"record","name":"T","fields":[{"name":"event_id","type":"string"}]}`, map[string]any{"event_id": "x"}),
-			codec.Transaction{}, codec.ReasonDecode, "cannot be read as a Transaction"},
+			codec.Transaction{}, codec.ReasonDecode, "cannot be read by this consumer"},
 		{"field rules still apply", wire(t, v1.ID, schemas.Transaction, txDatum("", "c")),
 			codec.Transaction{}, codec.ReasonInvalidEventID, "event_id"},
 		{"too large before any lookup", append(AppendHeader(nil, 999), make([]byte, 2000)...),
