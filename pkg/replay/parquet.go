@@ -47,6 +47,11 @@ type ParquetSink struct {
 	nwin int
 	view featureView
 
+	// flat is a feature definition's output schema (NewFlatParquetSink): then
+	// every field is one column, in schema order, and vals its parsed record.
+	flat *flatSchema
+	vals []flatValue
+
 	cur  *rowBatch      // being filled by Write; nil between batches
 	free chan *rowBatch // empty batches, back from the encoder
 	full chan *rowBatch // batches for the encoder, in order
@@ -113,23 +118,94 @@ func NewParquetSink(name string, specs []window.Spec) (*ParquetSink, error) {
 }
 
 func newParquetSink(name string, specs []window.Spec, groupRows int) (*ParquetSink, error) {
+	s, err := openParquet(name, ParquetSchema(specs), 3+4*len(specs)+5, groupRows,
+		parquet.KeyValueMetadata("velocity.windows", window.FormatSpecs(specs)))
+	if err != nil {
+		return nil, err
+	}
+	s.nwin = len(specs)
+	return s, nil
+}
+
+// FlatParquetSchema returns the schema a flat ParquetSink writes for the
+// output schema avsc: one column per field, in order, with the field's name;
+// string → string (source_topic dictionary-encoded), long → int64 (event_time
+// and other timestamp-millis fields as TIMESTAMP(MILLIS, UTC)), int → int32,
+// boolean → boolean, ["null","long"] → optional int64.
+func FlatParquetSchema(avsc string) (*parquet.Schema, error) {
+	fs, err := parseFlatSchema(avsc)
+	if err != nil {
+		return nil, err
+	}
+	return flatParquetSchema(fs), nil
+}
+
+func flatParquetSchema(fs *flatSchema) *parquet.Schema {
+	fields := make([]reflect.StructField, len(fs.fields))
+	for i, f := range fs.fields {
+		var v any
+		tag := ""
+		switch f.kind {
+		case flatString:
+			v = ""
+			if f.name == "source_topic" {
+				tag = ",dict"
+			}
+		case flatLong:
+			v = int64(0)
+			if f.timestamp {
+				tag = ",timestamp(millisecond:utc)"
+			}
+		case flatInt:
+			v = int32(0)
+		case flatBool:
+			v = false
+		case flatOptLong:
+			v, tag = new(int64), ",optional"
+		}
+		fields[i] = reflect.StructField{
+			Name: fmt.Sprintf("F%d", i),
+			Type: reflect.TypeOf(v),
+			Tag:  reflect.StructTag(`parquet:"` + f.name + tag + `"`),
+		}
+	}
+	return parquet.NewSchema(fs.name, parquet.SchemaOf(reflect.New(reflect.StructOf(fields)).Elem().Interface()))
+}
+
+// NewFlatParquetSink is NewParquetSink for a feature definition's features
+// records, whose output schema avsc (feature.Spec's generated schema) gives
+// the columns (FlatParquetSchema). The definition's version goes into the
+// file's key-value metadata as velocity.definition.
+func NewFlatParquetSink(name, avsc, definition string) (*ParquetSink, error) {
+	fs, err := parseFlatSchema(avsc)
+	if err != nil {
+		return nil, err
+	}
+	s, err := openParquet(name, flatParquetSchema(fs), len(fs.fields), parquetRowGroupRows,
+		parquet.KeyValueMetadata("velocity.definition", definition))
+	if err != nil {
+		return nil, err
+	}
+	s.flat, s.vals = fs, make([]flatValue, len(fs.fields))
+	return s, nil
+}
+
+func openParquet(name string, schema *parquet.Schema, ncol, groupRows int, meta parquet.WriterOption) (*ParquetSink, error) {
 	f, err := createAtomic(name)
 	if err != nil {
 		return nil, err
 	}
-	schema := ParquetSchema(specs)
 	w := parquet.NewWriter(f, schema,
 		parquet.Compression(&parquet.Snappy),
-		parquet.KeyValueMetadata("velocity.windows", window.FormatSpecs(specs)),
+		meta,
 		parquet.CreatedBy("velocity-consumer replay", "", ""),
 	)
 	s := &ParquetSink{
-		f: f, w: w, nwin: len(specs),
+		f: f, w: w,
 		free: make(chan *rowBatch, 2), full: make(chan *rowBatch, 2),
 		done: make(chan struct{}), errc: make(chan error, 1),
 		groupRows: groupRows,
 	}
-	ncol := 3 + 4*len(specs) + 5
 	for range 2 {
 		b := &rowBatch{cols: make([][]parquet.Value, ncol)}
 		for c := range b.cols {
@@ -176,6 +252,9 @@ func (s *ParquetSink) writeColumns(b *rowBatch) error {
 
 // Write implements Sink: features only.
 func (s *ParquetSink) Write(o *pipeline.Output) error {
+	if s.flat != nil {
+		return s.writeFlat(o.Value)
+	}
 	v := &s.view
 	if err := v.parse(o.Value); err != nil {
 		return err
@@ -183,15 +262,10 @@ func (s *ParquetSink) Write(o *pipeline.Output) error {
 	if len(v.windows) != s.nwin {
 		return fmt.Errorf("parquet sink: record has %d windows, the schema %d", len(v.windows), s.nwin)
 	}
-	if s.cur == nil {
-		select {
-		case err := <-s.errc:
-			s.errc <- err
-			return err
-		case s.cur = <-s.free:
-		}
+	b, err := s.batch()
+	if err != nil {
+		return err
 	}
-	b := s.cur
 	// Columns are numbered in schema order (see ParquetSchema). Required
 	// columns need no levels; ms_since_previous, the one optional column,
 	// carries its definition level (1 for a value, 0 for null).
@@ -217,12 +291,64 @@ func (s *ParquetSink) Write(o *pipeline.Output) error {
 	cols[c+2][i] = parquet.ByteArrayValue(b.keep(v.sourceTopic))
 	cols[c+3][i] = parquet.Int32Value(v.sourcePartition)
 	cols[c+4][i] = parquet.Int64Value(v.sourceOffset)
+	s.rowDone(b)
+	return nil
+}
+
+// writeFlat fills one row of a flat record: column c is field c. Optional
+// columns carry their definition level (1 for a value, 0 for null).
+func (s *ParquetSink) writeFlat(value []byte) error {
+	if err := s.flat.parse(value, s.vals); err != nil {
+		return err
+	}
+	b, err := s.batch()
+	if err != nil {
+		return err
+	}
+	i := b.n
+	for c := range s.flat.fields {
+		v := &s.vals[c]
+		switch s.flat.fields[c].kind {
+		case flatString:
+			b.cols[c][i] = parquet.ByteArrayValue(b.keep(v.str))
+		case flatLong:
+			b.cols[c][i] = parquet.Int64Value(v.num)
+		case flatInt:
+			b.cols[c][i] = parquet.Int32Value(int32(v.num))
+		case flatBool:
+			b.cols[c][i] = parquet.BooleanValue(v.num == 1)
+		case flatOptLong:
+			if v.null {
+				b.cols[c][i] = parquet.NullValue().Level(0, 0, c)
+			} else {
+				b.cols[c][i] = parquet.Int64Value(v.num).Level(0, 1, c)
+			}
+		}
+	}
+	s.rowDone(b)
+	return nil
+}
+
+// batch returns the batch being filled, waiting for a free one if none is.
+func (s *ParquetSink) batch() (*rowBatch, error) {
+	if s.cur == nil {
+		select {
+		case err := <-s.errc:
+			s.errc <- err
+			return nil, err
+		case s.cur = <-s.free:
+		}
+	}
+	return s.cur, nil
+}
+
+// rowDone counts the row just filled and hands a full batch to the encoder.
+func (s *ParquetSink) rowDone(b *rowBatch) {
 	b.n++
 	if b.n == parquetBatch {
 		s.full <- b
 		s.cur = nil
 	}
-	return nil
 }
 
 func (b *rowBatch) keep(p []byte) []byte {
