@@ -22,6 +22,7 @@ import (
 	"unsafe"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+	"github.com/velocity-consumer/velocity-consumer/pkg/feature"
 	"github.com/velocity-consumer/velocity-consumer/pkg/watermark"
 	"github.com/velocity-consumer/velocity-consumer/pkg/window"
 )
@@ -72,6 +73,13 @@ type Config struct {
 	Watermark watermark.Config
 	Late      LatePolicy
 	Decoder   codec.Decoder
+
+	// Features is a feature definition's features (pkg/definition compiles it;
+	// optional). Without it the processor keeps the default contract: each
+	// features record is a VelocityFeatures value over Specs. With it, Specs
+	// must be Features.Windows, Decoder must fill codec.Transaction.Ext, and
+	// each features record is the flat record of feature.AvroSchema(Features).
+	Features *feature.Spec
 }
 
 // Output is one record the processor wants published: a features record for the
@@ -141,6 +149,14 @@ type Processor struct {
 	newest    int64
 	hasNewest bool
 
+	// With Config.Features: the definition's state (its unfiltered table is
+	// table), the row Apply fills, the record head, and the arena the Ext words
+	// of events in the reorder buffer are copied into (see keepExt).
+	fstate   *feature.State
+	row      *feature.Row
+	head     feature.Head
+	extArena []uint64
+
 	tx       codec.Transaction
 	aggs     []window.Agg
 	feat     codec.Features
@@ -158,17 +174,39 @@ func New(cfg Config, next int64) (*Processor, error) {
 	if len(cfg.Specs) == 0 {
 		return nil, errors.New("pipeline: at least one window spec is required")
 	}
+	if err := checkFeatures(&cfg); err != nil {
+		return nil, err
+	}
 	stage, err := watermark.New(cfg.Watermark)
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: %w", err)
 	}
-	table, err := window.NewTable(cfg.Specs, cfg.Window)
-	if err != nil {
+	p := &Processor{cfg: cfg, stage: stage, next: next}
+	if cfg.Features != nil {
+		if p.fstate, err = feature.NewState(*cfg.Features, cfg.Window); err != nil {
+			return nil, fmt.Errorf("pipeline: %w", err)
+		}
+		p.table = p.fstate.Table()
+	} else if p.table, err = window.NewTable(cfg.Specs, cfg.Window); err != nil {
 		return nil, fmt.Errorf("pipeline: %w", err)
 	}
-	p := &Processor{cfg: cfg, stage: stage, table: table, next: next}
 	p.init()
 	return p, nil
+}
+
+// checkFeatures holds a definition's windows and the table's to be the same.
+func checkFeatures(cfg *Config) error {
+	if cfg.Features == nil {
+		return nil
+	}
+	if len(cfg.Specs) == 0 {
+		cfg.Specs = slices.Clone(cfg.Features.Windows)
+	}
+	if !slices.Equal(cfg.Specs, cfg.Features.Windows) {
+		return fmt.Errorf("pipeline: Specs %s differ from the feature definition's windows %s",
+			window.FormatSpecs(cfg.Specs), window.FormatSpecs(cfg.Features.Windows))
+	}
+	return nil
 }
 
 func (p *Processor) init() {
@@ -185,6 +223,30 @@ func (p *Processor) init() {
 	p.feat.SourceTopic = p.cfg.Topic
 	p.feat.SourcePartition = p.cfg.Partition
 	p.buf = make([]byte, 0, 512)
+	if p.fstate != nil {
+		p.row = feature.NewRow(p.fstate.Spec())
+		p.head.SourceTopic, p.head.SourcePartition = p.cfg.Topic, p.cfg.Partition
+	}
+}
+
+// extChunk is how many words keepExt allocates at a time.
+const extChunk = 4096
+
+// keepExt copies a decoded record's Ext words (the decoder reuses its array) into
+// the processor's arena and returns the copy, which the event keeps while it
+// waits in the reorder buffer. The arena is cut in chunks so the hot path does
+// not allocate per event; a chunk is garbage once every event pointing into it
+// has been released.
+func (p *Processor) keepExt(ext []uint64) []uint64 {
+	if len(ext) == 0 {
+		return nil
+	}
+	if cap(p.extArena)-len(p.extArena) < len(ext) {
+		p.extArena = make([]uint64, 0, max(extChunk, len(ext)))
+	}
+	at := len(p.extArena)
+	p.extArena = append(p.extArena, ext...)
+	return p.extArena[at:len(p.extArena):len(p.extArena)]
 }
 
 // Next is the offset of the next input record this processor expects: every
@@ -261,6 +323,9 @@ func (p *Processor) Process(r Record, emit func(*Output)) {
 		Amount:    p.tx.AmountMinor,
 		Size:      int32(min(len(r.Key)+len(r.Value), 1<<31-1)),
 		Aux:       r.Arrival,
+	}
+	if p.fstate != nil {
+		ev.Ext = p.keepExt(p.tx.Ext)
 	}
 	switch p.stage.Offer(ev) {
 	case watermark.Duplicate:
@@ -381,6 +446,9 @@ func (p *Processor) emitReleased(emit func(*Output)) {
 
 // apply counts ev and emits its features. On error nothing was counted or emitted.
 func (p *Processor) apply(ev *watermark.Event, late bool, emit func(*Output)) error {
+	if p.fstate != nil {
+		return p.applyFeatures(ev, late, emit)
+	}
 	gap, hasPrev, err := p.table.Apply(ev.EntityID, ev.EventTime, ev.Amount, p.aggs)
 	if err != nil {
 		return err
@@ -419,6 +487,43 @@ func (p *Processor) apply(ev *watermark.Event, late bool, emit func(*Output)) er
 	return nil
 }
 
+// applyFeatures is apply under a feature definition: the flat record of
+// feature.AvroSchema. Output.Windows are the unfiltered windows (the live view
+// and the metrics read them as they read the default contract's).
+func (p *Processor) applyFeatures(ev *watermark.Event, late bool, emit func(*Output)) error {
+	gap, hasPrev, err := p.fstate.Apply(ev.EntityID, ev.EventTime, ev.Amount, ev.Ext, p.row)
+	if err != nil {
+		return err
+	}
+	if !p.hasNewest || ev.EventTime > p.newest {
+		p.newest, p.hasNewest = ev.EventTime, true
+	}
+	h := &p.head
+	h.EventID, h.EntityID, h.EventTime = ev.EventID, ev.EntityID, ev.EventTime
+	h.MsSincePrevious, h.HasPrevious, h.Late = gap, hasPrev, late
+	h.SourceOffset = ev.Offset
+	p.buf = feature.AppendRow(p.buf[:0], p.fstate.Spec(), h, p.row)
+	ws := p.feat.Windows
+	for i := range ws {
+		a := &p.row.Base[i]
+		ws[i].Count, ws[i].SumMinor, ws[i].MinMinor, ws[i].MaxMinor = a.Count, a.Sum, a.Min, a.Max
+	}
+	p.keyBuf = append(p.keyBuf[:0], ev.EntityID...)
+	p.out = Output{
+		Key:             p.keyBuf,
+		Value:           p.buf,
+		SourceTopic:     p.cfg.Topic,
+		SourcePartition: p.cfg.Partition,
+		SourceOffset:    ev.Offset,
+		Arrival:         ev.Aux,
+		EntityID:        ev.EntityID,
+		Windows:         ws,
+	}
+	p.stats.Features++
+	emit(&p.out)
+	return nil
+}
+
 func (p *Processor) dead(r *Record, reason codec.Reason, detail string, emit func(*Output)) {
 	p.out = Output{
 		Dead:            true,
@@ -453,6 +558,10 @@ func (p *Processor) maybeSweep() {
 	if wm < math.MinInt64+p.lateHorizon {
 		return // cannot be: event times are bounded far inside int64
 	}
+	if p.fstate != nil {
+		p.stats.Evicted += uint64(p.fstate.EvictIdle(wm - p.lateHorizon))
+		return
+	}
 	p.stats.Evicted += uint64(p.table.EvictIdle(wm - p.lateHorizon))
 }
 
@@ -462,7 +571,16 @@ func (p *Processor) maybeSweep() {
 //
 // The topic, partition and configuration are checked by the caller's store key
 // and by the packages' own decoders (the table snapshot carries its specs).
-var snapMagic = [4]byte{'V', 'C', 'P', '1'}
+//
+// Under a feature definition (Config.Features) the magic is "VCP2" and a third
+// section follows: the definition's state beside its unfiltered table
+// (feature.State.AppendExtras). Each magic is read only by a processor of the
+// same kind, so a partition never resumes a definition's state without it, or
+// the default contract's state under a definition.
+var (
+	snapMagic         = [4]byte{'V', 'C', 'P', '1'}
+	snapMagicFeatures = [4]byte{'V', 'C', 'P', '2'}
+)
 
 // AppendSnapshot appends the processor's whole state, deterministically.
 func (p *Processor) AppendSnapshot(dst []byte) []byte {
@@ -482,6 +600,8 @@ type PendingSnapshot struct {
 	stageLenAt int
 	stage      *watermark.PendingSnapshot
 	table      *window.PendingSnapshot
+	extras     []byte // under a definition: its state beside the table, as of BeginSnapshot
+	features   bool
 	finished   bool
 }
 
@@ -498,10 +618,20 @@ func (p *Processor) BeginSnapshot(buf []byte) *PendingSnapshot {
 }
 
 func (p *Processor) beginSnapshot(buf []byte, segmented bool) *PendingSnapshot {
-	buf = append(buf, snapMagic[:]...)
+	magic := snapMagic
+	if p.fstate != nil {
+		magic = snapMagicFeatures
+	}
+	buf = append(buf, magic[:]...)
 	buf = binary.BigEndian.AppendUint64(buf, uint64(p.next))
 	buf = binary.BigEndian.AppendUint64(buf, uint64(p.lastSweep))
 	ps := &PendingSnapshot{stageLenAt: len(buf)}
+	if p.fstate != nil {
+		// Encoded now, in one go: the filtered tables and distinct sets are not
+		// stepped like the unfiltered table, so a checkpoint stalls the partition
+		// for their size (docs/feature-outputs.md states what that costs).
+		ps.features, ps.extras = true, p.fstate.AppendExtras(nil)
+	}
 	buf = append(buf, 0, 0, 0, 0, 0, 0, 0, 0)
 	ps.buf, ps.stage = p.stage.BeginSnapshotWith(buf, segmented && p.cfg.Watermark.Segments != nil)
 	ps.table = p.table.BeginSnapshot()
@@ -539,6 +669,10 @@ func (ps *PendingSnapshot) Finish() ([]byte, error) {
 	buf = append(buf, 0, 0, 0, 0, 0, 0, 0, 0)
 	buf = ps.table.AppendTo(buf)
 	binary.BigEndian.PutUint64(buf[tableLenAt:], uint64(len(buf)-tableLenAt-8))
+	if ps.features {
+		buf = binary.BigEndian.AppendUint64(buf, uint64(len(ps.extras)))
+		buf = append(buf, ps.extras...)
+	}
 	ps.buf = buf
 	return buf, nil
 }
@@ -578,7 +712,18 @@ func Restore(cfg Config, data []byte) (*Processor, error) {
 	if cfg.Decoder == nil {
 		return nil, errors.New("pipeline: Config.Decoder is required")
 	}
-	if len(data) < 4+8+8 || [4]byte(data[:4]) != snapMagic {
+	if err := checkFeatures(&cfg); err != nil {
+		return nil, err
+	}
+	if len(data) < 4+8+8 {
+		return nil, errors.New("pipeline snapshot: bad header")
+	}
+	switch magic := [4]byte(data[:4]); {
+	case magic == snapMagic && cfg.Features != nil:
+		return nil, errors.New("pipeline snapshot: made without a feature definition, and this processor has one (--features): its state cannot be resumed under a definition")
+	case magic == snapMagicFeatures && cfg.Features == nil:
+		return nil, errors.New("pipeline snapshot: made under a feature definition (--features), and this processor has none")
+	case magic != snapMagic && magic != snapMagicFeatures:
 		return nil, errors.New("pipeline snapshot: bad header")
 	}
 	next := int64(binary.BigEndian.Uint64(data[4:]))
@@ -591,6 +736,12 @@ func Restore(cfg Config, data []byte) (*Processor, error) {
 	tableBytes, rest, err := section(rest)
 	if err != nil {
 		return nil, fmt.Errorf("pipeline snapshot: window section: %w", err)
+	}
+	var extras []byte
+	if cfg.Features != nil {
+		if extras, rest, err = section(rest); err != nil {
+			return nil, fmt.Errorf("pipeline snapshot: feature section: %w", err)
+		}
 	}
 	if len(rest) != 0 {
 		return nil, fmt.Errorf("pipeline snapshot: %d trailing bytes", len(rest))
@@ -607,6 +758,11 @@ func Restore(cfg Config, data []byte) (*Processor, error) {
 		return nil, fmt.Errorf("pipeline snapshot: %w", err)
 	}
 	p := &Processor{cfg: cfg, stage: stage, table: table, next: next, lastSweep: lastSweep}
+	if cfg.Features != nil {
+		if p.fstate, err = feature.RestoreState(*cfg.Features, cfg.Window, table, extras); err != nil {
+			return nil, fmt.Errorf("pipeline snapshot: %w", err)
+		}
+	}
 	p.newest, p.hasNewest = table.MaxNewest()
 	p.init()
 	return p, nil
@@ -615,7 +771,7 @@ func Restore(cfg Config, data []byte) (*Processor, error) {
 // SegmentRefs returns the dedupe segments a snapshot made by a Processor lists
 // (see watermark.SegmentRefs), without reading them.
 func SegmentRefs(data []byte) ([][]byte, error) {
-	if len(data) < 4+8+8 || [4]byte(data[:4]) != snapMagic {
+	if len(data) < 4+8+8 || [4]byte(data[:4]) != snapMagic && [4]byte(data[:4]) != snapMagicFeatures {
 		return nil, errors.New("pipeline snapshot: bad header")
 	}
 	stageBytes, _, err := section(data[20:])
