@@ -15,7 +15,6 @@ import (
 	"github.com/velocity-consumer/velocity-consumer/pkg/kafkaconn"
 	"github.com/velocity-consumer/velocity-consumer/pkg/registry"
 	"github.com/velocity-consumer/velocity-consumer/pkg/sink"
-	"github.com/velocity-consumer/velocity-consumer/schemas"
 )
 
 // The two passwords that may come from the environment. They are not flags:
@@ -152,9 +151,10 @@ func (c *connFlags) registryClient(k kafkaconn.Config) (*sr.Client, error) {
 	return registry.NewClient(registry.Config{URLs: splitList(c.registryURL), Username: c.registryUser, Password: pwd, TLS: tc})
 }
 
-// outputSubject is the subject our features schema is registered under.
-func (c *connFlags) outputSubject(outputTopic string) (string, error) {
-	name, err := registry.RecordFullName(schemas.VelocityFeatures)
+// outputSubject is the subject the features schema (schema: ours, or a
+// definition's generated one) is registered under.
+func (c *connFlags) outputSubject(outputTopic, schema string) (string, error) {
+	name, err := registry.RecordFullName(schema)
 	if err != nil {
 		return "", err
 	}
@@ -163,13 +163,18 @@ func (c *connFlags) outputSubject(outputTopic string) (string, error) {
 
 // setupRegistry registers (or finds) the output schema and returns the input
 // decoder and the features prefix. The decoder's waits end with ctx.
-func setupRegistry(ctx context.Context, cl *sr.Client, subject string, limits codec.Limits, log *zap.Logger) (*registry.Decoder, []byte, error) {
+// schema is the output schema (ours, or a definition's generated one); compile
+// builds the decoder of each writer schema the records name (nil: our codec).
+func setupRegistry(ctx context.Context, cl *sr.Client, subject, schema string, compile registry.Compile, limits codec.Limits, log *zap.Logger) (*registry.Decoder, []byte, error) {
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	id, prefix, err := registry.RegisterOutput(rctx, cl, subject, schemas.VelocityFeatures)
+	id, prefix, err := registry.RegisterOutput(rctx, cl, subject, schema)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--schema-registry: %w (is the registry up, and do the URL and credentials match?)", err)
 	}
 	log.Info("schema registry", zap.String("output_subject", subject), zap.Int("output_schema_id", id))
-	return registry.NewDecoder(ctx, cl, limits), prefix, nil
+	if compile == nil {
+		return registry.NewDecoder(ctx, cl, limits), prefix, nil
+	}
+	return registry.NewDecoderWith(ctx, cl, limits, compile), prefix, nil
 }

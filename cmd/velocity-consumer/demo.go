@@ -88,6 +88,9 @@ func runDemo(ctx context.Context, d *demoFlags, out io.Writer) error {
 	if d.duration <= 0 || d.rate <= 0 || d.entities <= 0 || d.partitions <= 0 {
 		return errors.New("--duration, --rate, --entities and --partitions must be positive")
 	}
+	if d.pipe.features != "" {
+		return errors.New("demo generates our own Transaction records and checks the default contract's features: --features is for run and replay (see docs/features.md)")
+	}
 	st, err := d.pipe.settings()
 	if err != nil {
 		return err

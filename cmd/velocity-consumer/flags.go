@@ -177,6 +177,7 @@ type pipelineFlags struct {
 	writerSchema    string
 	maxAhead        time.Duration
 	minEventTime    string
+	features        string
 }
 
 func (p *pipelineFlags) register(e *envFlags) {
@@ -192,6 +193,18 @@ func (p *pipelineFlags) register(e *envFlags) {
 	e.String(&p.writerSchema, "writer-schema", "", "path to the Avro schema the input was written with, if it is not schemas/transaction.avsc (fields may be added or reordered)")
 	e.Duration(&p.maxAhead, "max-ahead", 24*time.Hour, "dead-letter events more than this far ahead of the partition's newest event time as invalid:event_time")
 	e.String(&p.minEventTime, "min-event-time", "2000-01-01T00:00:00Z", "dead-letter events before this RFC 3339 time as invalid:event_time")
+	e.String(&p.features, "features", "", "path to a feature definition (YAML or JSON, docs/features.md): the input's own schema mapped by field paths, its windows and features; the output is its generated flat record (without it: schemas/velocity_features.avsc over --windows)")
+}
+
+func checkEntityTTL(ttl time.Duration, specs []window.Spec) error {
+	var largest int64
+	for _, sp := range specs {
+		largest = max(largest, sp.WindowMs)
+	}
+	if ttl.Milliseconds() < largest {
+		return fmt.Errorf("--entity-ttl (VELOCITY_ENTITY_TTL) %s is shorter than the largest window (%d ms): entities would be dropped while their windows still count", ttl, largest)
+	}
+	return nil
 }
 
 // settings is the validated form of pipelineFlags.
@@ -202,6 +215,8 @@ type settings struct {
 	late         pipeline.LatePolicy
 	writerSchema string
 	limits       codec.Limits
+	// features is --features (nil without it): then specs are its windows.
+	features *featureSet
 }
 
 func (p *pipelineFlags) settings() (settings, error) {
@@ -228,12 +243,8 @@ func (p *pipelineFlags) settings() (settings, error) {
 	if p.maxDedupeIDs < 0 {
 		return s, errors.New("--max-dedupe-ids (VELOCITY_MAX_DEDUPE_IDS) must be zero (unlimited) or positive")
 	}
-	var largest int64
-	for _, sp := range s.specs {
-		largest = max(largest, sp.WindowMs)
-	}
-	if p.entityTTL.Milliseconds() < largest {
-		return s, fmt.Errorf("--entity-ttl (VELOCITY_ENTITY_TTL) %s is shorter than the largest window (%d ms): entities would be dropped while their windows still count", p.entityTTL, largest)
+	if err := checkEntityTTL(p.entityTTL, s.specs); err != nil {
+		return s, err
 	}
 	if p.maxRecordBytes <= 0 {
 		return s, errors.New("--max-record-bytes (VELOCITY_MAX_RECORD_BYTES) must be positive")
@@ -263,7 +274,29 @@ func (p *pipelineFlags) settings() (settings, error) {
 		IdleTimeout:     p.idleTimeout,
 	}
 	s.limits = codec.Limits{MaxRecordBytes: p.maxRecordBytes, MinEventTime: minT.UnixMilli(), MaxAheadMs: p.maxAhead.Milliseconds()}
+	if p.features != "" {
+		if p.windows != window.DefaultSpecs {
+			return s, errFeaturesWindows
+		}
+		if s.features, err = loadFeatures(p.features, s.writerSchema, s.limits); err != nil {
+			return s, err
+		}
+		s.specs = s.features.spec.Windows
+		s.writerSchema = s.features.writerSchema
+		if err := checkEntityTTL(p.entityTTL, s.specs); err != nil {
+			return s, err
+		}
+	}
 	return s, nil
+}
+
+// decoder is the input decoder for records written with writerSchema ("" is
+// ours): the definition's mapping under --features, else our codec.
+func (s *settings) decoder(writerSchema string) (codec.Decoder, error) {
+	if s.features != nil {
+		return s.features.decoder(writerSchema)
+	}
+	return codec.NewDecoder(writerSchema, s.limits)
 }
 
 // openStore turns --checkpoint-store into a Store. The kafka store needs the

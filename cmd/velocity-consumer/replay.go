@@ -16,6 +16,7 @@ import (
 	"github.com/velocity-consumer/velocity-consumer/pkg/pipeline"
 	"github.com/velocity-consumer/velocity-consumer/pkg/registry"
 	"github.com/velocity-consumer/velocity-consumer/pkg/replay"
+	"github.com/velocity-consumer/velocity-consumer/schemas"
 )
 
 const replayUsage = `velocity-consumer replay: backtest a topic range or a file through the live pipeline.
@@ -146,8 +147,12 @@ func runReplay(ctx context.Context, r *replayFlags, log *zap.Logger) error {
 		// Topic input with a registry is in the wire format; a file names
 		// its own schema. replay.Run prepares each record first and waits out
 		// a registry outage for up to Config.MaxPrepareWait (2 min) per record.
-		dec = registry.NewDecoder(ctx, reg, st.limits)
-	} else if dec, err = codec.NewDecoder(writerSchema, st.limits); err != nil {
+		if st.features != nil {
+			dec = registry.NewDecoderWith(ctx, reg, st.limits, st.features.compile)
+		} else {
+			dec = registry.NewDecoder(ctx, reg, st.limits)
+		}
+	} else if dec, err = st.decoder(writerSchema); err != nil {
 		return fmt.Errorf("writer schema: %w", err)
 	}
 
@@ -159,11 +164,15 @@ func runReplay(ctx context.Context, r *replayFlags, log *zap.Logger) error {
 	}
 	if topic, ok := strings.CutPrefix(r.output, "topic:"); ok && reg != nil {
 		// Features on a topic go out as 'run' writes them: in the wire format.
-		subject, err := r.conn.outputSubject(topic)
+		out := schemas.VelocityFeatures
+		if st.features != nil {
+			out = st.features.schema
+		}
+		subject, err := r.conn.outputSubject(topic, out)
 		if err != nil {
 			return err
 		}
-		_, prefix, err := setupRegistry(ctx, reg, subject, st.limits, log)
+		_, prefix, err := setupRegistry(ctx, reg, subject, out, nil, st.limits, log)
 		if err != nil {
 			return err
 		}
@@ -180,7 +189,7 @@ func runReplay(ctx context.Context, r *replayFlags, log *zap.Logger) error {
 	stopProgress := startProgress(ctx, prog, r.quiet, r.progressEvery, log)
 	start := time.Now()
 	res, err := replay.Run(ctx, src, replay.Config{
-		Pipeline: pipeline.Config{Specs: st.specs, Window: st.window, Watermark: st.watermark, Late: st.late, Decoder: dec},
+		Pipeline: pipeline.Config{Specs: st.specs, Window: st.window, Watermark: st.watermark, Late: st.late, Decoder: dec, Features: st.features.engineSpec()},
 		Features: features,
 		Dead:     dead,
 		Progress: prog,
@@ -362,6 +371,9 @@ func (o *outputs) open(ctx context.Context, r *replayFlags, spec string, st sett
 				return nil, err
 			}
 			o.kafka.SetBuild(readBuildInfo().header())
+			if st.features != nil {
+				o.kafka.SetDefinition(st.features.version)
+			}
 			o.sinks = append(o.sinks, o.kafka)
 		}
 		if err := o.kafka.EnsureTopic(ctx, flagName, topic, r.inputTopic); err != nil {
@@ -375,8 +387,12 @@ func (o *outputs) open(ctx context.Context, r *replayFlags, spec string, st sett
 		return o.kafka, nil
 	case strings.HasSuffix(spec, ".jsonl") && dead:
 		s, err = replay.NewDeadJSONLSink(spec)
+	case strings.HasSuffix(spec, ".jsonl") && st.features != nil:
+		s, err = replay.NewFlatJSONLSink(spec, st.features.schema)
 	case strings.HasSuffix(spec, ".jsonl"):
 		s, err = replay.NewJSONLSink(spec)
+	case strings.HasSuffix(spec, ".parquet") && !dead && st.features != nil:
+		s, err = replay.NewFlatParquetSink(spec, st.features.schema, st.features.version)
 	case strings.HasSuffix(spec, ".parquet") && !dead:
 		s, err = replay.NewParquetSink(spec, st.specs)
 	case dead:

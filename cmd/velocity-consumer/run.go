@@ -16,7 +16,9 @@ import (
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/kafkaconn"
 	"github.com/velocity-consumer/velocity-consumer/pkg/metrics"
+	"github.com/velocity-consumer/velocity-consumer/pkg/registry"
 	"github.com/velocity-consumer/velocity-consumer/pkg/service"
+	"github.com/velocity-consumer/velocity-consumer/schemas"
 )
 
 const runUsage = `velocity-consumer run: the live service.
@@ -47,6 +49,7 @@ type runFlags struct {
 	fetchMaxWait                       time.Duration
 	exactlyOnce                        bool
 	sessionTimeout                     time.Duration
+	features                           *featureSet // --features, read by serviceConfig
 	pipe                               pipelineFlags
 	conn                               connFlags
 	api                                apiFlags
@@ -128,6 +131,13 @@ func (r *runFlags) serviceConfig() (service.Config, error) {
 	c.Group, c.InputTopic, c.OutputTopic, c.DLQTopic = r.group, r.input, r.output, r.dlq
 	c.Specs, c.Window, c.Watermark, c.Late = st.specs, st.window, st.watermark, st.late
 	c.WriterSchema, c.Limits = st.writerSchema, st.limits
+	r.features = st.features
+	if st.features != nil {
+		c.Features, c.Definition = st.features.spec, st.features.version
+		if c.Decoder, err = st.decoder(st.writerSchema); err != nil {
+			return c, err
+		}
+	}
 	c.CheckpointInterval = r.interval
 	c.MaxPendingProduceBytes = r.maxPendingBytes
 	c.Producers = r.producers
@@ -210,11 +220,16 @@ func (r *runFlags) useRegistry(ctx context.Context, cfg *service.Config, log *za
 	if err != nil || cl == nil {
 		return err
 	}
-	subject, err := r.conn.outputSubject(r.output)
+	out := schemas.VelocityFeatures
+	var compile registry.Compile
+	if fs := r.features; fs != nil {
+		out, compile = fs.schema, fs.compile
+	}
+	subject, err := r.conn.outputSubject(r.output, out)
 	if err != nil {
 		return err
 	}
-	dec, prefix, err := setupRegistry(ctx, cl, subject, cfg.Limits, log)
+	dec, prefix, err := setupRegistry(ctx, cl, subject, out, compile, cfg.Limits, log)
 	if err != nil {
 		return err
 	}

@@ -24,6 +24,7 @@ type KafkaSink struct {
 	cl                    *kgo.Client // nil when built on another sink.Producer (tests)
 	prod                  sink.Producer
 	host, build           string
+	definition            string
 	featuresTopic, dlqTop string
 	prefix                []byte
 	tr                    *sink.Tracker
@@ -49,6 +50,11 @@ func NewKafkaSink(ctx context.Context, brokers []string, host string, opts ...kg
 // SetBuild names the build in a velocity.build header of every record, as
 // the live service does. Call it before the first Write.
 func (k *KafkaSink) SetBuild(build string) { k.build = build }
+
+// SetDefinition names the feature definition in a velocity.definition header of
+// every record, as the live service does under --features. Call it before the
+// first Write.
+func (k *KafkaSink) SetDefinition(definition string) { k.definition = definition }
 
 // EnsureTopic creates topic if it does not exist, with as many partitions as
 // likeTopic has (1 if likeTopic is empty or missing), so a backtest can write to
@@ -85,7 +91,7 @@ func (k *KafkaSink) SetFeaturesPrefix(prefix []byte) { k.prefix = append([]byte(
 // is the replay's backpressure.
 func (k *KafkaSink) Write(o *pipeline.Output) error {
 	if k.tr == nil {
-		k.tr = sink.New(k.prod, k.featuresTopic, k.dlqTop, k.host).WithFeaturesPrefix(k.prefix).WithBuild(k.build).NewTracker(nil)
+		k.tr = sink.New(k.prod, k.featuresTopic, k.dlqTop, k.host).WithFeaturesPrefix(k.prefix).WithBuild(k.build).WithDefinition(k.definition).NewTracker(nil)
 	}
 	if o.Dead {
 		if k.dlqTop == "" {

@@ -37,6 +37,7 @@ import (
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+	"github.com/velocity-consumer/velocity-consumer/pkg/feature"
 	"github.com/velocity-consumer/velocity-consumer/pkg/metrics"
 	"github.com/velocity-consumer/velocity-consumer/pkg/pipeline"
 	"github.com/velocity-consumer/velocity-consumer/pkg/sink"
@@ -107,6 +108,14 @@ type Config struct {
 	// Build goes into the velocity.build header of every output: the lineage
 	// that tells which code produced a record. Empty leaves it out.
 	Build string
+
+	// Features is a feature definition's features (nil: the default contract).
+	// With it Specs are its windows, Decoder is the definition's mapping (it
+	// fills codec.Transaction.Ext) and every features record is the flat record
+	// of feature.AvroSchema(Features). Definition names it in the
+	// velocity.definition header of every output ("<label>@<hash>").
+	Features   *feature.Spec
+	Definition string
 
 	// Decoder, if set, decodes input values instead of the one built from
 	// WriterSchema: the schema-registry decoder of pkg/registry. If it also
@@ -329,7 +338,7 @@ func (s *Service) Run(ctx context.Context) error {
 			return fmt.Errorf("create producer: %w", err)
 		}
 		defer prod.Close()
-		s.sinks = append(s.sinks, sink.New(prod, s.cfg.OutputTopic, s.cfg.DLQTopic, s.cfg.Host).WithFeaturesPrefix(s.cfg.FeaturesValuePrefix).WithBuild(s.cfg.Build))
+		s.sinks = append(s.sinks, sink.New(prod, s.cfg.OutputTopic, s.cfg.DLQTopic, s.cfg.Host).WithFeaturesPrefix(s.cfg.FeaturesValuePrefix).WithBuild(s.cfg.Build).WithDefinition(s.cfg.Definition))
 	}
 
 	copts := append([]kgo.Opt{
@@ -582,7 +591,7 @@ func (s *Service) processorConfig(p int32) pipeline.Config {
 	return pipeline.Config{
 		Topic: s.cfg.InputTopic, Partition: p,
 		Specs: s.cfg.Specs, Window: s.cfg.Window, Watermark: wm,
-		Late: s.cfg.Late, Decoder: s.dec,
+		Late: s.cfg.Late, Decoder: s.dec, Features: s.cfg.Features,
 	}
 }
 

@@ -136,7 +136,7 @@ func (s *Service) startWorker(p int32, proc *pipeline.Processor, txn *kgo.Client
 	}
 	snk := s.sinks[int(p)%len(s.sinks)]
 	if txn != nil {
-		snk = sink.New(txn, s.cfg.OutputTopic, s.cfg.DLQTopic, s.cfg.Host).WithFeaturesPrefix(s.cfg.FeaturesValuePrefix).WithBuild(s.cfg.Build)
+		snk = sink.New(txn, s.cfg.OutputTopic, s.cfg.DLQTopic, s.cfg.Host).WithFeaturesPrefix(s.cfg.FeaturesValuePrefix).WithBuild(s.cfg.Build).WithDefinition(s.cfg.Definition)
 	}
 	w.tracker = snk.NewTracker(func(arrival int64) {
 		s.m.Latency.Observe(float64(time.Now().UnixNano()-arrival) / 1e9)

@@ -37,6 +37,7 @@ type Sink struct {
 	host        []byte
 	prefix      []byte    // written before every features value; see WithFeaturesPrefix
 	build       []byte    // the velocity.build header's value; see WithBuild
+	definition  []byte    // the velocity.definition header's value; see WithDefinition
 	pend        sync.Pool // *pending: a record and its bookkeeping, reused after its promise
 	chunks      sync.Pool // *chunk: arena chunks whose records were all acknowledged
 }
@@ -73,8 +74,8 @@ type pending struct {
 }
 
 // deadHeaders is how many headers a dead letter carries, the most of any
-// record: the contract's five and the build.
-const deadHeaders = 6
+// record: the contract's five, the build and the definition.
+const deadHeaders = 7
 
 // chunk is a piece of arena memory shared by the keys and values of many
 // records. refs counts those records still in flight plus one while the
@@ -100,6 +101,15 @@ func (s *Sink) WithFeaturesPrefix(prefix []byte) *Sink {
 // record; empty leaves the header out. Call it before the first record.
 func (s *Sink) WithBuild(build string) *Sink {
 	s.build = []byte(build)
+	return s
+}
+
+// WithDefinition puts definition (a feature definition's "<label>@<hash>") in a
+// velocity.definition header of every record, features and dead letters, beside
+// velocity.build: which definition made a record is lineage as much as which
+// code did. Empty (no --features) leaves it out. Call it before the first record.
+func (s *Sink) WithDefinition(definition string) *Sink {
+	s.definition = []byte(definition)
 	return s
 }
 
@@ -146,6 +156,10 @@ const (
 	// HeaderBuild names the build that produced a record (features and dead
 	// letters alike): "velocity-consumer/<version>[+<revision>] <go version>".
 	HeaderBuild = "velocity.build"
+	// HeaderDefinition names the feature definition that produced a record
+	// (--features): "<label>@<hash>", the hash over the definition's canonical
+	// form (pkg/definition).
+	HeaderDefinition = "velocity.definition"
 )
 
 // Epoch is the set of records a Tracker produced between two Cuts. A
@@ -292,11 +306,16 @@ func (t *Tracker) Features(key, value []byte, arrival int64) {
 	p.rec.Timestamp = stamp // the emitted_at instant
 	p.hdrs[0] = kgo.RecordHeader{Key: HeaderEmittedAt, Value: emitted}
 	p.hdrs[1] = kgo.RecordHeader{Key: HeaderHost, Value: t.sink.host}
-	p.rec.Headers = p.hdrs[:2]
+	n := 2
 	if len(t.sink.build) > 0 {
-		p.hdrs[2] = kgo.RecordHeader{Key: HeaderBuild, Value: t.sink.build}
-		p.rec.Headers = p.hdrs[:3]
+		p.hdrs[n] = kgo.RecordHeader{Key: HeaderBuild, Value: t.sink.build}
+		n++
 	}
+	if len(t.sink.definition) > 0 {
+		p.hdrs[n] = kgo.RecordHeader{Key: HeaderDefinition, Value: t.sink.definition}
+		n++
+	}
+	p.rec.Headers = p.hdrs[:n]
 	t.copyInto(p, key, t.sink.prefix, value)
 	t.produce(p, arrival)
 }
@@ -322,12 +341,17 @@ func (t *Tracker) Dead(d DeadLetter) {
 		{Key: codec.HeaderSourceTopic, Value: []byte(d.SourceTopic)},
 		{Key: codec.HeaderSourcePartition, Value: strconv.AppendInt(nil, int64(d.SourcePartition), 10)},
 		{Key: codec.HeaderSourceOffset, Value: strconv.AppendInt(nil, d.SourceOffset, 10)},
-		{Key: HeaderBuild, Value: t.sink.build},
 	}
-	p.rec.Headers = p.hdrs[:]
-	if len(t.sink.build) == 0 {
-		p.rec.Headers = p.hdrs[:deadHeaders-1]
+	n := 5
+	if len(t.sink.build) > 0 {
+		p.hdrs[n] = kgo.RecordHeader{Key: HeaderBuild, Value: t.sink.build}
+		n++
 	}
+	if len(t.sink.definition) > 0 {
+		p.hdrs[n] = kgo.RecordHeader{Key: HeaderDefinition, Value: t.sink.definition}
+		n++
+	}
+	p.rec.Headers = p.hdrs[:n]
 	t.copyInto(p, d.Key, nil, d.Value)
 	t.produce(p, -1)
 }

@@ -425,10 +425,11 @@ func BenchmarkFeatures(b *testing.B) {
 	}
 }
 
-// TestBuildHeader: with WithBuild every record, features and dead letters
-// alike, names the build that produced it; without, no record carries the
-// header. A recycled record never keeps another kind's headers.
-func TestBuildHeader(t *testing.T) {
+// TestLineageHeaders: with WithBuild (WithDefinition) every record, features
+// and dead letters alike, names the build (the feature definition) that produced
+// it; without, no record carries the header. A recycled record never keeps
+// another kind's headers.
+func TestLineageHeaders(t *testing.T) {
 	headers := func(r kgo.Record) map[string]string {
 		m := map[string]string{}
 		for _, h := range r.Headers {
@@ -437,28 +438,35 @@ func TestBuildHeader(t *testing.T) {
 		return m
 	}
 	for _, build := range []string{"velocity-consumer/v1.2.3+0123456789ab go1.26.8", ""} {
-		fp := &fakeProducer{}
-		tr := New(fp, "out", "dlq", "h").WithBuild(build).NewTracker(nil)
-		for range 3 { // recycled records: features after dead letters and back
-			tr.Features([]byte("e"), []byte("v"), 1)
-			tr.Dead(DeadLetter{Key: []byte("k"), Value: []byte{1}, Reason: codec.ReasonLate, SourceTopic: "tx"})
-			fp.settle(nil)
-		}
-		for i, r := range fp.got {
-			h := headers(r)
-			got, ok := h[HeaderBuild]
-			if build != "" && (!ok || got != build) || build == "" && ok {
-				t.Errorf("build %q, record %d (%s): velocity.build = %q (present %v)", build, i, r.Topic, got, ok)
+		for _, def := range []string{"card-velocity-1@3f2a9c1d0b7e4a55", ""} {
+			fp := &fakeProducer{}
+			tr := New(fp, "out", "dlq", "h").WithBuild(build).WithDefinition(def).NewTracker(nil)
+			for range 3 { // recycled records: features after dead letters and back
+				tr.Features([]byte("e"), []byte("v"), 1)
+				tr.Dead(DeadLetter{Key: []byte("k"), Value: []byte{1}, Reason: codec.ReasonLate, SourceTopic: "tx"})
+				fp.settle(nil)
 			}
-			wantN := 2
-			if r.Topic == "dlq" {
-				wantN = 5
-			}
-			if build != "" {
-				wantN++
-			}
-			if len(r.Headers) != wantN {
-				t.Errorf("build %q, record %d (%s): %d headers %v, want %d", build, i, r.Topic, len(r.Headers), r.Headers, wantN)
+			for i, r := range fp.got {
+				h := headers(r)
+				for key, want := range map[string]string{HeaderBuild: build, HeaderDefinition: def} {
+					got, ok := h[key]
+					if want != "" && (!ok || got != want) || want == "" && ok {
+						t.Errorf("build %q def %q, record %d (%s): %s = %q (present %v)", build, def, i, r.Topic, key, got, ok)
+					}
+				}
+				wantN := 2
+				if r.Topic == "dlq" {
+					wantN = 5
+				}
+				if build != "" {
+					wantN++
+				}
+				if def != "" {
+					wantN++
+				}
+				if len(r.Headers) != wantN {
+					t.Errorf("build %q def %q, record %d (%s): %d headers %v, want %d", build, def, i, r.Topic, len(r.Headers), r.Headers, wantN)
+				}
 			}
 		}
 	}

@@ -1,0 +1,107 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+	"github.com/velocity-consumer/velocity-consumer/pkg/definition"
+	"github.com/velocity-consumer/velocity-consumer/pkg/feature"
+	"github.com/velocity-consumer/velocity-consumer/schemas"
+)
+
+// featureSet is --features: a feature definition, read and checked at start.
+// Every writer schema the input may name is compiled by compile; the
+// definition's own schema file (or --writer-schema) is compiled at start, so a
+// path the schema lacks stops the command before it reads a record.
+type featureSet struct {
+	def     *definition.Definition
+	spec    *feature.Spec
+	schema  string // the output record's Avro schema (feature.AvroSchema)
+	version string // the velocity.definition header: "<label>@<hash>" or "@<hash>"
+	// writerSchema is the schema the input is read with when no registry names
+	// one per record: --writer-schema, else the definition's input.schema, else
+	// our Transaction schema.
+	writerSchema string
+	compile      func(writerSchema string) (codec.Decoder, error)
+}
+
+// loadFeatures reads and checks --features. writerSchema is --writer-schema's
+// text ("" when not given).
+func loadFeatures(path, writerSchema string, limits codec.Limits) (*featureSet, error) {
+	def, err := definition.LoadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--features (VELOCITY_FEATURES): %w", err)
+	}
+	fs := &featureSet{def: def, writerSchema: writerSchema, compile: definition.Compiler(def, limits)}
+	if file := def.SchemaFile(); file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("--features %s: input.schema: %w", path, err)
+		}
+		if writerSchema != "" && writerSchema != string(b) {
+			return nil, fmt.Errorf("--features %s names the input schema %s and --writer-schema names another: give one", path, file)
+		}
+		fs.writerSchema = string(b)
+	}
+	if _, err := fs.decoder(fs.writerSchema); err != nil {
+		return nil, fmt.Errorf("--features %s: %w", path, err)
+	}
+	if fs.spec, err = featureSpec(def); err != nil {
+		return nil, fmt.Errorf("--features %s: %w", path, err)
+	}
+	fs.schema = feature.AvroSchema(fs.spec)
+	fs.version = def.Version + "@" + def.Hash()
+	return fs, nil
+}
+
+// engineSpec is the features the pipeline computes: nil without --features.
+func (fs *featureSet) engineSpec() *feature.Spec {
+	if fs == nil {
+		return nil
+	}
+	return fs.spec
+}
+
+// decoder compiles the definition over one writer schema ("" is ours).
+func (fs *featureSet) decoder(writerSchema string) (codec.Decoder, error) {
+	if writerSchema == "" {
+		writerSchema = schemas.Transaction
+	}
+	return fs.compile(writerSchema)
+}
+
+// featureSpec turns a parsed definition into what the engine computes. The two
+// packages describe the same thing in their own terms: the definition as the
+// user wrote it, the engine as it counts it.
+func featureSpec(d *definition.Definition) (*feature.Spec, error) {
+	ds := d.Spec()
+	spec := &feature.Spec{Windows: ds.Windows, Filters: ds.Filters, Distincts: ds.Distincts}
+	for _, f := range ds.Features {
+		var agg feature.Agg
+		switch f.Agg {
+		case definition.AggCount:
+			agg = feature.Count
+		case definition.AggSum:
+			agg = feature.Sum
+		case definition.AggMin:
+			agg = feature.Min
+		case definition.AggMax:
+			agg = feature.Max
+		case definition.AggDistinctCount:
+			agg = feature.DistinctCount
+		default:
+			return nil, fmt.Errorf("feature %s: aggregate %v has no engine counterpart", f.Name, f.Agg)
+		}
+		spec.Features = append(spec.Features, feature.Feature{
+			Name: f.Name, Agg: agg, Windows: f.Windows, Filter: f.Filter, Distinct: f.Distinct, MaxExact: f.MaxExact,
+		})
+	}
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	return spec, nil
+}
+
+var errFeaturesWindows = errors.New("--windows and --features exclude each other: a feature definition names its own windows")
