@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -221,6 +223,9 @@ func Parse(name string, data []byte) (*Definition, error) {
 	var doc yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, &Error{File: name, Msg: "empty file; a definition needs input, windows and features"}
+		}
 		return nil, &Error{File: name, Msg: "not YAML or JSON: " + strings.TrimPrefix(err.Error(), "yaml: ")}
 	}
 	var extra yaml.Node
@@ -512,6 +517,10 @@ func (p *parser) features(n *yaml.Node, d *Definition) error {
 	if len(items) > MaxFeatures {
 		return p.errf(n, "features", "%d features, at most %d are supported", len(items), MaxFeatures)
 	}
+	// Output names are <feature>_<window> and <feature>_exact; window names
+	// end in a unit and feature names are unique, so they cannot collide
+	// today. The check stays so that a change to either naming rule cannot
+	// produce an output schema with two fields of one name.
 	outputs := map[string]string{}
 	for _, r := range reservedOutputs {
 		outputs[r] = "a fixed output field"
