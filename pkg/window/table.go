@@ -102,6 +102,8 @@ type Table struct {
 	lruHead, lruTail uint32 // slot+1; head = most recently active
 	capEvictions     uint64
 
+	evictHook func(entity string, slot int) // see SetEvictHook; nil = none
+
 	snap      *PendingSnapshot // a snapshot in steps (see BeginSnapshot), or nil
 	spareSnap *PendingSnapshot // buffers of the last snapshot, for the next one
 	seq       uint64           // activity counter behind lruLinks.seq
@@ -642,6 +644,9 @@ func (t *Table) growSlab() {
 func (t *Table) remove(slot uint32) {
 	if t.snap != nil {
 		t.snap.keep(slot)
+	}
+	if t.evictHook != nil {
+		t.evictHook(t.slab[slot].id, int(slot))
 	}
 	if t.maxEntities > 0 {
 		t.lruUnlink(slot)
