@@ -38,6 +38,7 @@ MIN_EVENT_TIME = 946_684_800_000  # 2000-01-01T00:00:00Z
 MAX_AHEAD_MS = 24 * 3600 * 1000
 MAX_AMOUNT = 10**15
 HISTORY_TTL_MS = 7 * 24 * 3600 * 1000
+EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
 
 def parse_ms(s):
@@ -57,17 +58,6 @@ def ms_name(ms):
 
 def floor_div(a, b):
     return a // b  # Python's // floors toward negative infinity
-
-
-def strip_logical(schema):
-    """The same schema without logical types, so fastavro hands over the raw
-    long and bytes that the Go decoder sees."""
-    if isinstance(schema, dict):
-        out = {k: strip_logical(v) for k, v in schema.items() if k not in ("logicalType", "precision", "scale")}
-        return out
-    if isinstance(schema, list):
-        return [strip_logical(s) for s in schema]
-    return schema
 
 
 def find_type(schema, path, named):
@@ -169,6 +159,8 @@ class Reference:
         if raw is None:
             return None
         t = self.types[path]
+        if isinstance(raw, Decimal):
+            return raw
         if isinstance(t, dict) and t.get("logicalType") == "decimal":
             return decimal_value(raw, t.get("scale", 0))
         if isinstance(raw, bytes):
@@ -217,6 +209,10 @@ class Reference:
         raw = get_path(rec, p["event_time"])
         if raw is None:
             return "invalid:" + p["event_time"]
+        if isinstance(raw, datetime.datetime):
+            # fastavro applied the logical type: back to the long it was written as.
+            micros = (raw - EPOCH) // datetime.timedelta(microseconds=1)
+            raw = micros if t.get("logicalType") == "timestamp-micros" else micros // 1000
         if isinstance(t, dict) and t.get("logicalType") == "timestamp-micros":
             ms = raw // 1000  # floor
         else:
@@ -358,9 +354,8 @@ def main():
     with open(a.input, "rb") as f:
         rd = fastavro.reader(f)
         schema = rd.writer_schema
-    raw_schema = fastavro.parse_schema(strip_logical(schema))
     with open(a.input, "rb") as f:
-        records = list(fastavro.reader(f, reader_schema=raw_schema))
+        records = list(fastavro.reader(f))
     ref = Reference(d, schema, a.lateness_ms, a.dedupe_horizon_ms, a.topic, a.partition)
     for line in ref.run(records):
         print(json.dumps(line, default=str))

@@ -759,7 +759,7 @@ func Restore(cfg Config, data []byte) (*Processor, error) {
 	}
 	p := &Processor{cfg: cfg, stage: stage, table: table, next: next, lastSweep: lastSweep}
 	if cfg.Features != nil {
-		if p.fstate, err = feature.RestoreState(*cfg.Features, cfg.Window, table, extras); err != nil {
+		if p.fstate, err = feature.Restore(*cfg.Features, cfg.Window, table, extras); err != nil {
 			return nil, fmt.Errorf("pipeline snapshot: %w", err)
 		}
 	}

@@ -1,0 +1,239 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/velocity-consumer/velocity-consumer/internal/streamtest"
+)
+
+const (
+	cardSchemaFile     = "../../examples/features/card_transaction.avsc"
+	cardDefinitionFile = "testdata/card_features_tenths.yaml"
+	referenceScript    = "../../integration/reference/features_reference.py"
+)
+
+// requirePython skips without python3 and the reference's modules, unless
+// VELOCITY_REQUIRE_PYTHON=1 (make test, CI): then their absence fails.
+func requirePython(t *testing.T) {
+	t.Helper()
+	if err := exec.Command("python3", "-c", "import fastavro, yaml").Run(); err != nil {
+		if v := os.Getenv("VELOCITY_REQUIRE_PYTHON"); v == "" || v == "0" {
+			t.Skipf("python3 with fastavro and PyYAML not available (%v): VELOCITY_REQUIRE_PYTHON=1 makes this a failure", err)
+		}
+		t.Fatalf("python3 with fastavro and PyYAML is required (VELOCITY_REQUIRE_PYTHON=1): %v", err)
+	}
+}
+
+// referenceLine is one line of features_reference.py's output.
+type referenceLine struct {
+	Offset   int64           `json:"offset"`
+	Dead     string          `json:"dead"`
+	Features map[string]any  `json:"features"`
+	Over     map[string]bool `json:"distinct_over_bound"`
+}
+
+// runReference runs the independent reference over an OCF file.
+func runReference(t *testing.T, def, input string, lateness time.Duration, topic string) map[int64]referenceLine {
+	t.Helper()
+	cmd := exec.Command("python3", referenceScript, def, input, "--lateness-ms", fmt.Sprint(lateness.Milliseconds()), "--topic", topic)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("reference: %v\n%s", err, stderr.Bytes())
+	}
+	got := map[int64]referenceLine{}
+	for _, l := range bytes.Split(bytes.TrimSpace(out), []byte("\n")) {
+		var r referenceLine
+		dec := json.NewDecoder(bytes.NewReader(l))
+		dec.UseNumber()
+		if err := dec.Decode(&r); err != nil {
+			t.Fatalf("reference line %s: %v", l, err)
+		}
+		normalize(r.Features)
+		got[r.Offset] = r
+	}
+	return got
+}
+
+// normalize turns json.Numbers into int64 so that maps compare with DeepEqual.
+func normalize(m map[string]any) {
+	for k, v := range m {
+		if n, ok := v.(json.Number); ok {
+			i, err := n.Int64()
+			if err != nil {
+				panic(fmt.Sprintf("%s: %v", k, err))
+			}
+			m[k] = i
+		}
+	}
+}
+
+func readJSONObjects(t *testing.T, path string) []map[string]any {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []map[string]any
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		dec := json.NewDecoder(bytes.NewReader(sc.Bytes()))
+		dec.UseNumber()
+		var m map[string]any
+		if err := dec.Decode(&m); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		normalize(m)
+		out = append(out, m)
+	}
+	return out
+}
+
+// compareWithReference holds features and dead letters (keyed by source
+// offset) to the reference, offset by offset: every offset is exactly one of
+// them, with the reference's reason or fields. A distinct count the service
+// reports as an estimate (<feature>_exact false) is only allowed where the
+// reference says the entity held more distinct values than max_exact, and is
+// then checked against the published error bound instead of equality.
+func compareWithReference(t *testing.T, ref map[int64]referenceLine, features, dead map[int64]map[string]any, distinct []string) (exact, estimates int) {
+	t.Helper()
+	if len(features)+len(dead) != len(ref) {
+		t.Errorf("%d features + %d dead letters for %d input offsets", len(features), len(dead), len(ref))
+	}
+	bad := 0
+	for off, want := range ref {
+		f, d := features[off], dead[off]
+		switch {
+		case want.Dead != "":
+			if d == nil || d["reason"] != want.Dead {
+				t.Errorf("offset %d: want a %s dead letter, got dead %v features %v", off, want.Dead, d, f)
+				bad++
+			}
+			continue
+		case f == nil:
+			t.Errorf("offset %d: want features %v, got dead letter %v", off, want.Features, d)
+			bad++
+			continue
+		}
+		w := maps(want.Features)
+		for _, name := range distinct {
+			ex, _ := f[name+"_exact"].(bool)
+			w[name+"_exact"] = ex
+			if ex {
+				exact++
+				continue
+			}
+			estimates++
+			if !want.Over[name] {
+				t.Errorf("offset %d: %s reported as an estimate, but the entity never held more than max_exact values", off, name)
+				bad++
+			}
+			for k, v := range w {
+				if strings.HasPrefix(k, name+"_") && k != name+"_exact" {
+					if !withinError(f[k].(int64), v.(int64)) {
+						t.Errorf("offset %d: estimate %s = %d, exact %d: beyond the error bound", off, k, f[k], v)
+						bad++
+					}
+					w[k] = f[k]
+				}
+			}
+		}
+		if !reflect.DeepEqual(f, w) {
+			t.Errorf("offset %d:\n got %v\nwant %v", off, f, w)
+			bad++
+		}
+		if bad > 10 {
+			t.Fatal("too many mismatches")
+		}
+	}
+	return exact, estimates
+}
+
+// withinError is the distinct-count estimate's bound the tests hold it to:
+// docs/feature-outputs.md publishes the error of the sampled count.
+func withinError(est, exact int64) bool {
+	d := est - exact
+	if d < 0 {
+		d = -d
+	}
+	return float64(d) <= 0.5*float64(exact)+4
+}
+
+func maps(m map[string]any) map[string]any {
+	c := make(map[string]any, len(m))
+	for k, v := range m {
+		c[k] = v
+	}
+	return c
+}
+
+// TestFeatureDefinitionReplayEqualsReference replays a seeded adversarial card
+// stream (nested records, a decimal amount, micros, a null merchant, duplicates,
+// late and invalid records, a hot card beyond the exact distinct bound) through
+// a definition with filters and distinct counts, and holds every output to the
+// independent reference (integration/reference/features_reference.py): the
+// JSON-lines output field by field, the dead letters by reason. The Parquet
+// output must say what the JSON lines say.
+func TestFeatureDefinitionReplayEqualsReference(t *testing.T) {
+	requirePython(t)
+	schema, err := os.ReadFile(cardSchemaFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	input := filepath.Join(dir, "cards.avro")
+	const lateness = 5 * time.Second
+	recs := streamtest.CardStream(streamtest.CardStreamConfig{Seed: 11, N: 6000, Cards: 80, HotShare: 0.08, Merchants: 50, HotDistinct: 400, Lateness: lateness})
+	f, err := os.Create(input)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := streamtest.WriteCardOCF(f, string(schema), recs); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	out, dlq := filepath.Join(dir, "f.jsonl"), filepath.Join(dir, "d.jsonl")
+	err = cmdReplay(context.Background(), []string{"--input-file", input, "--features", cardDefinitionFile,
+		"--output", out, "--dlq", dlq, "--allowed-lateness", lateness.String(), "--quiet", "--log-level", "error"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := runReference(t, cardDefinitionFile, input, lateness, filepath.Base(input)) // a file source names itself
+	features, dead := map[int64]map[string]any{}, map[int64]map[string]any{}
+	for _, m := range readJSONObjects(t, out) {
+		features[m["source_offset"].(int64)] = m
+	}
+	for _, m := range readJSONObjects(t, dlq) {
+		dead[m["source_offset"].(int64)] = m
+	}
+	exact, estimates := compareWithReference(t, ref, features, dead, []string{"distinct_merchants", "distinct_mcc"})
+	reasons := map[string]int{}
+	for _, d := range dead {
+		reasons[d["reason"].(string)]++
+	}
+	t.Logf("%d features (%d exact distinct counts, %d estimates), dead letters %v", len(features), exact, estimates, reasons)
+	for _, r := range []string{"duplicate", "late", "invalid:amount", "invalid:txn_id", "invalid:card.id", "invalid:ts"} {
+		if reasons[r] == 0 {
+			t.Errorf("the stream produced no %s dead letter: it does not exercise that path", r)
+		}
+	}
+	if estimates == 0 || exact == 0 {
+		t.Errorf("%d exact distinct counts and %d estimates: the stream must exercise both", exact, estimates)
+	}
+}
