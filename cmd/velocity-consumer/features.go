@@ -48,7 +48,7 @@ func loadFeatures(path, writerSchema string, limits codec.Limits) (*featureSet, 
 	if _, err := fs.decoder(fs.writerSchema); err != nil {
 		return nil, fmt.Errorf("--features %s: %w", path, err)
 	}
-	if fs.spec, err = featureSpec(def); err != nil {
+	if fs.spec, err = definition.EngineSpec(def); err != nil {
 		return nil, fmt.Errorf("--features %s: %w", path, err)
 	}
 	fs.schema = feature.AvroSchema(fs.spec)
@@ -70,38 +70,6 @@ func (fs *featureSet) decoder(writerSchema string) (codec.Decoder, error) {
 		writerSchema = schemas.Transaction
 	}
 	return fs.compile(writerSchema)
-}
-
-// featureSpec turns a parsed definition into what the engine computes. The two
-// packages describe the same thing in their own terms: the definition as the
-// user wrote it, the engine as it counts it.
-func featureSpec(d *definition.Definition) (*feature.Spec, error) {
-	ds := d.Spec()
-	spec := &feature.Spec{Windows: ds.Windows, Filters: ds.Filters, Distincts: ds.Distincts}
-	for _, f := range ds.Features {
-		var agg feature.Agg
-		switch f.Agg {
-		case definition.AggCount:
-			agg = feature.Count
-		case definition.AggSum:
-			agg = feature.Sum
-		case definition.AggMin:
-			agg = feature.Min
-		case definition.AggMax:
-			agg = feature.Max
-		case definition.AggDistinctCount:
-			agg = feature.DistinctCount
-		default:
-			return nil, fmt.Errorf("feature %s: aggregate %v has no engine counterpart", f.Name, f.Agg)
-		}
-		spec.Features = append(spec.Features, feature.Feature{
-			Name: f.Name, Agg: agg, Windows: f.Windows, Filter: f.Filter, Distinct: f.Distinct, MaxExact: f.MaxExact,
-		})
-	}
-	if err := spec.Validate(); err != nil {
-		return nil, err
-	}
-	return spec, nil
 }
 
 var errFeaturesWindows = errors.New("--windows and --features exclude each other: a feature definition names its own windows")

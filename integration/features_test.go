@@ -1,0 +1,356 @@
+//go:build integration
+
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/linkedin/goavro/v2"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/velocity-consumer/velocity-consumer/integration/kafkatest"
+	"github.com/velocity-consumer/velocity-consumer/internal/streamtest"
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+	"github.com/velocity-consumer/velocity-consumer/pkg/definition"
+	"github.com/velocity-consumer/velocity-consumer/pkg/feature"
+	"github.com/velocity-consumer/velocity-consumer/pkg/sink"
+)
+
+const (
+	cardSchemaPath     = "../examples/features/card_transaction.avsc"
+	cardDefinitionPath = "../cmd/velocity-consumer/testdata/card_features_tenths.yaml"
+	featuresReference  = "reference/features_reference.py"
+)
+
+// TestFeatureDefinitionLiveOnTheBroker runs two instances of the built binary
+// under a feature definition over a topic of records in the user's own schema
+// (nested records, a decimal amount, micros, an enum), and holds what they
+// publish to two independent statements of right: `replay` of the same topic
+// (byte for byte per source offset) and the Python reference computed from the
+// partition's records as the broker holds them (field by field). Every output
+// carries the definition in its velocity.definition header.
+func TestFeatureDefinitionLiveOnTheBroker(t *testing.T) {
+	t.Parallel()
+	requireReference(t)
+	addr := kafkatest.Broker(t)
+	bin := replayBinary(t)
+	schema, err := os.ReadFile(cardSchemaPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	def, err := definition.LoadFile(cardDefinitionPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, err := definition.EngineSpec(def)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outCodec, err := goavro.NewCodec(feature.AvroSchema(spec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantDefinition := def.Version + "@" + def.Hash()
+
+	const partitions = 3
+	in := kafkatest.CreateTopic(t, addr, partitions, nil)
+	liveOut, liveDLQ := kafkatest.CreateTopic(t, addr, 1, nil), kafkatest.CreateTopic(t, addr, 1, nil)
+	repOut, repDLQ := kafkatest.CreateTopic(t, addr, 1, nil), kafkatest.CreateTopic(t, addr, 1, nil)
+	ctx := kafkatest.Context(t, 5*time.Minute)
+	group := kafkatest.Group(t)
+
+	// Lateness 0 and no idle release: each event is released when it arrives,
+	// so the live run decides exactly as the replay and the reference do.
+	semantics := []string{"--features", cardDefinitionPath, "--allowed-lateness", "0s", "--log-level", "warn"}
+	// An instance that exits before the outputs are read fails the test at once,
+	// with its log, instead of at the read deadline.
+	readCtx, stopReading := context.WithCancel(ctx)
+	defer stopReading()
+	var procs []*exec.Cmd
+	for i := range 2 {
+		args := append([]string{"run", "--brokers", addr, "--group", group, "--input-topic", in, "--output-topic", liveOut, "--dlq-topic", liveDLQ,
+			"--checkpoint-store", "memory", "--checkpoint-interval", "1s", "--metrics-addr", ""}, semantics...)
+		cmd := exec.CommandContext(ctx, bin, args...)
+		cmd.Env = append(os.Environ(), "VELOCITY_IDLE_TIMEOUT=0s")
+		logs := &bytes.Buffer{}
+		cmd.Stdout, cmd.Stderr = logs, logs
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		procs = append(procs, cmd)
+		done := make(chan error, 1)
+		go func() {
+			done <- cmd.Wait()
+			stopReading()
+		}()
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			err := <-done
+			if t.Failed() {
+				t.Logf("instance %d (%v):\n%s", i, err, logs.String())
+			}
+		})
+	}
+
+	recs := streamtest.CardStream(streamtest.CardStreamConfig{Seed: 23, N: 5000, Cards: 60, HotShare: 0.1, Merchants: 50, HotDistinct: 300, Lateness: time.Second})
+	values, err := streamtest.EncodeCards(string(schema), recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prod := replayProducer(t, addr)
+	var batch []*kgo.Record
+	for i, v := range values {
+		card := recs[i]["card"].(map[string]any)["id"].(string)
+		batch = append(batch, &kgo.Record{Topic: in, Key: []byte(card), Value: v})
+	}
+	if err := kafkatest.Produce(ctx, prod, batch...); err != nil {
+		t.Fatal(err)
+	}
+	n := len(values)
+
+	live := readFlatOutputs(t, readCtx, addr, liveOut, liveDLQ, n, outCodec, wantDefinition)
+	for _, p := range procs {
+		_ = p.Process.Signal(os.Interrupt)
+	}
+
+	args := append([]string{"replay", "--brokers", addr, "--input-topic", in, "--output", "topic:" + repOut, "--dlq", "topic:" + repDLQ, "--quiet"}, semantics...)
+	if out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput(); err != nil {
+		t.Fatalf("replay: %v\n%s", err, out)
+	}
+	rep := readFlatOutputs(t, ctx, addr, repOut, repDLQ, n, outCodec, wantDefinition)
+	mismatch := 0
+	for pos, v := range live.features {
+		if string(rep.features[pos]) != string(v) {
+			if mismatch++; mismatch <= 5 {
+				t.Errorf("%v: live and replay features differ", pos)
+			}
+		}
+	}
+	for pos, r := range live.dead {
+		if rep.dead[pos] != r {
+			if mismatch++; mismatch <= 10 {
+				t.Errorf("%v: live dead letter %q, replay %q", pos, r, rep.dead[pos])
+			}
+		}
+	}
+	if len(rep.features) != len(live.features) || len(rep.dead) != len(live.dead) || mismatch > 0 {
+		t.Fatalf("live %d features + %d dead, replay %d + %d, %d differ", len(live.features), len(live.dead), len(rep.features), len(rep.dead), mismatch)
+	}
+
+	// The reference, per partition, from the records as the broker holds them.
+	dir := t.TempDir()
+	byPart := readInputPartitions(t, ctx, addr, in, partitions, n)
+	codecIn, err := goavro.NewCodec(string(schema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exact, estimates := 0, 0
+	for p := int32(0); p < partitions; p++ {
+		var natives []map[string]any
+		for _, v := range byPart[p] {
+			nat, _, err := codecIn.NativeFromBinary(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			natives = append(natives, nat.(map[string]any))
+		}
+		file := filepath.Join(dir, fmt.Sprintf("p%d.avro", p))
+		f, err := os.Create(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := streamtest.WriteCardOCF(f, string(schema), natives); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		ref := runFeaturesReference(t, cardDefinitionPath, file, in, p)
+		for off, want := range ref {
+			pos := replayPos{p, off}
+			if want.Dead != "" {
+				if live.dead[pos] != want.Dead {
+					t.Errorf("%v: want a %s dead letter, live %q / features %v", pos, want.Dead, live.dead[pos], live.rows[pos] != nil)
+				}
+				continue
+			}
+			got := live.rows[pos]
+			if got == nil {
+				t.Errorf("%v: want features, live dead letter %q", pos, live.dead[pos])
+				continue
+			}
+			w := maps.Clone(want.Features)
+			for _, name := range []string{"distinct_merchants", "distinct_mcc"} {
+				if got[name+"_exact"] == true {
+					exact++
+				} else {
+					estimates++
+					if !want.Over[name] {
+						t.Errorf("%v: %s is an estimate, but the entity never held more than max_exact values", pos, name)
+					}
+					for k := range w {
+						if strings.HasPrefix(k, name+"_") {
+							w[k] = got[k]
+						}
+					}
+				}
+				w[name+"_exact"] = got[name+"_exact"]
+			}
+			if !reflect.DeepEqual(got, w) {
+				t.Errorf("%v:\n got %v\nwant %v", pos, got, w)
+			}
+		}
+	}
+	t.Logf("%d offsets on %d partitions: %d features (live = replay byte for byte; %d exact distinct counts, %d estimates), %d dead letters",
+		n, partitions, len(live.features), exact, estimates, len(live.dead))
+}
+
+func requireReference(t *testing.T) {
+	t.Helper()
+	if err := exec.Command("python3", "-c", "import fastavro, yaml").Run(); err != nil {
+		if v := os.Getenv("VELOCITY_REQUIRE_PYTHON"); v == "" || v == "0" {
+			t.Skipf("python3 with fastavro and PyYAML not available (%v): VELOCITY_REQUIRE_PYTHON=1 makes this a failure", err)
+		}
+		t.Fatalf("python3 with fastavro and PyYAML is required (VELOCITY_REQUIRE_PYTHON=1): %v", err)
+	}
+}
+
+type flatOutputs struct {
+	features map[replayPos][]byte
+	rows     map[replayPos]map[string]any
+	dead     map[replayPos]string
+}
+
+// readFlatOutputs reads a definition's features and dead letters until every
+// one of n input offsets has its output. A repeated output for an offset (a
+// rebalance in the default mode publishes again what was not committed) must
+// be byte-identical to the first.
+func readFlatOutputs(t *testing.T, ctx context.Context, addr, featuresTopic, dlqTopic string, n int, c *goavro.Codec, wantDefinition string) flatOutputs {
+	t.Helper()
+	cl := kafkatest.Client(t, addr, kgo.ConsumeTopics(featuresTopic, dlqTopic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	out := flatOutputs{features: map[replayPos][]byte{}, rows: map[replayPos]map[string]any{}, dead: map[replayPos]string{}}
+	for len(out.features)+len(out.dead) < n {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("read %d features + %d dead letters of %d before the deadline: %v", len(out.features), len(out.dead), n, err)
+		}
+		fs.EachError(func(tp string, p int32, err error) { t.Fatalf("fetch %s[%d]: %v", tp, p, err) })
+		fs.EachRecord(func(r *kgo.Record) {
+			h := map[string]string{}
+			for _, hd := range r.Headers {
+				h[hd.Key] = string(hd.Value)
+			}
+			if h[sink.HeaderDefinition] != wantDefinition {
+				t.Fatalf("%s record at %d: velocity.definition %q, want %q", r.Topic, r.Offset, h[sink.HeaderDefinition], wantDefinition)
+			}
+			if r.Topic == dlqTopic {
+				var p int32
+				var o int64
+				fmt.Sscan(h[codec.HeaderSourcePartition], &p)
+				fmt.Sscan(h[codec.HeaderSourceOffset], &o)
+				out.dead[replayPos{p, o}] = h[codec.HeaderReason]
+				return
+			}
+			nat, rest, err := c.NativeFromBinary(r.Value)
+			if err != nil || len(rest) != 0 {
+				t.Fatalf("features record at %d does not read as the generated schema: %v", r.Offset, err)
+			}
+			row := flatNative(nat.(map[string]any))
+			pos := replayPos{int32(row["source_partition"].(int64)), row["source_offset"].(int64)}
+			if prev, dup := out.features[pos]; dup && string(prev) != string(r.Value) {
+				t.Errorf("%v published twice with different values", pos)
+			}
+			if string(r.Key) != row["entity_id"] {
+				t.Errorf("%v: key %q, want the entity %q", pos, r.Key, row["entity_id"])
+			}
+			out.features[pos], out.rows[pos] = r.Value, row
+		})
+	}
+	return out
+}
+
+// flatNative turns goavro's reading of a flat record into the reference's JSON
+// shapes: unions unwrapped, ints widened, the timestamp back to Unix ms.
+func flatNative(m map[string]any) map[string]any {
+	out := map[string]any{}
+	for k, v := range m {
+		switch x := v.(type) {
+		case map[string]any:
+			out[k] = x["long"]
+		case int32:
+			out[k] = int64(x)
+		case time.Time:
+			out[k] = x.UnixMilli()
+		default:
+			out[k] = x
+		}
+	}
+	return out
+}
+
+// readInputPartitions returns each partition's record values in offset order.
+func readInputPartitions(t *testing.T, ctx context.Context, addr, topic string, partitions int32, n int) map[int32][][]byte {
+	t.Helper()
+	cl := kafkatest.Client(t, addr, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	out := map[int32][][]byte{}
+	for got := 0; got < n; {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("read %d of %d input records: %v", got, n, err)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			if int64(len(out[r.Partition])) != r.Offset {
+				t.Fatalf("partition %d: offset %d after %d records", r.Partition, r.Offset, len(out[r.Partition]))
+			}
+			out[r.Partition] = append(out[r.Partition], r.Value)
+			got++
+		})
+	}
+	return out
+}
+
+type featuresReferenceLine struct {
+	Offset   int64           `json:"offset"`
+	Dead     string          `json:"dead"`
+	Features map[string]any  `json:"features"`
+	Over     map[string]bool `json:"distinct_over_bound"`
+}
+
+func runFeaturesReference(t *testing.T, def, input, topic string, partition int32) map[int64]featuresReferenceLine {
+	t.Helper()
+	cmd := exec.Command("python3", featuresReference, def, input, "--topic", topic, "--partition", fmt.Sprint(partition))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("reference: %v\n%s", err, stderr.Bytes())
+	}
+	got := map[int64]featuresReferenceLine{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var r featuresReferenceLine
+		dec := json.NewDecoder(bytes.NewReader(sc.Bytes()))
+		dec.UseNumber()
+		if err := dec.Decode(&r); err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range r.Features {
+			if num, ok := v.(json.Number); ok {
+				r.Features[k], _ = num.Int64()
+			}
+		}
+		got[r.Offset] = r
+	}
+	return got
+}
