@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,10 +18,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/linkedin/goavro/v2"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/velocity-consumer/velocity-consumer/integration/kafkatest"
+	"github.com/velocity-consumer/velocity-consumer/pkg/definition"
+	"github.com/velocity-consumer/velocity-consumer/pkg/feature"
 )
 
 // The service's timing flags in every run. The checks' waits derive from them.
@@ -103,15 +107,15 @@ func TestChaos(t *testing.T) {
 	env := readEnv(t)
 	b := kafkatest.StartPrivateBroker(t)
 	bin := buildBinary(t)
-	for _, store := range []string{"kafka", "file"} {
-		t.Run(store, func(t *testing.T) {
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
 			seeds := env.seeds
 			if seeds == nil {
 				seeds = randomSeeds(t)
 			}
 			for _, seed := range seeds {
 				t.Run(fmt.Sprintf("seed-%d", seed), func(t *testing.T) {
-					runChaos(t, b, bin, store, seed, env)
+					runChaos(t, b, bin, v, seed, env)
 				})
 			}
 		})
@@ -172,6 +176,52 @@ var semantics = []string{
 	"--compression", "none",
 }
 
+// variant is one cell of the checker's matrix beside the mode: the checkpoint
+// store, and whether the groups run a feature definition (whose filter bits,
+// distinct hashes, filtered tables and distinct sets are state the default
+// contract does not have).
+type variant struct {
+	name     string
+	store    string
+	features string // a definition file, or ""
+}
+
+var variants = []variant{
+	{name: "kafka", store: "kafka"},
+	{name: "file", store: "file"},
+	// The file store: a partition that moves meets stale snapshots, so
+	// restores of the definition's state are crossed most often there.
+	{name: "file-features", store: "file", features: "testdata/tx_features.yaml"},
+}
+
+// semantics are the flags of v's groups and its replay.
+func (v variant) semantics() []string {
+	if v.features == "" {
+		return semantics
+	}
+	return append(slices.Clone(semantics), "--features", v.features)
+}
+
+// output is how v's features records are read.
+func (v variant) output(t *testing.T) outputSchema {
+	if v.features == "" {
+		return defaultOutput
+	}
+	def, err := definition.LoadFile(v.features)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, err := definition.EngineSpec(def)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := goavro.NewCodec(feature.AvroSchema(spec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return outputSchema{codec: c, name: "the schema generated from " + v.features, definition: def.Version + "@" + def.Hash()}
+}
+
 // group is one consumer group of a run: one mode, its own output topics,
 // instances and readers.
 type group struct {
@@ -191,6 +241,8 @@ type run struct {
 	t      *testing.T
 	b      *kafkatest.PrivateBroker
 	store  string
+	v      variant
+	out    outputSchema
 	sched  schedule
 	env    chaosEnv
 	ctx    context.Context
@@ -206,15 +258,16 @@ type run struct {
 	lastFault time.Time
 }
 
-func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin, store string, seed uint64, env chaosEnv) {
+func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, v variant, seed uint64, env chaosEnv) {
+	store := v.store
 	sched := makeSchedule(seed, env.duration, planTimes{session: sessionTimeout, idle: idleTimeout})
 	repro := fmt.Sprintf("VELOCITY_REQUIRE_KAFKA=1 VELOCITY_CHAOS_SEED=%d VELOCITY_CHAOS_DURATION=%s go test -tags integration -count=1 -v -run 'TestChaos/%s/' ./integration/chaos/",
-		seed, env.duration, store)
+		seed, env.duration, v.name)
 	fmt.Fprintf(os.Stderr, "chaos: store %s, seed %d (reproduce: %s)\n", store, seed, repro)
 	t.Logf("chaos: store %s, seed %d; reproduce with:\n  %s\n%s", store, seed, repro, sched)
 
-	dir, keep := logDir(t, env, store, seed)
-	r := &run{t: t, b: b, store: store, sched: sched, env: env, dir: dir, faults: map[faultKind]int{}}
+	dir, keep := logDir(t, env, v.name, seed)
+	r := &run{t: t, b: b, store: store, v: v, out: v.output(t), sched: sched, env: env, dir: dir, faults: map[faultKind]int{}}
 	r.ctx = kafkatest.Context(t, sched.length()+10*time.Minute)
 	tl, err := newTimeline(dir, t.Logf)
 	if err != nil {
@@ -249,20 +302,20 @@ func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin, store string, seed 
 				"--output-topic", g.out, "--dlq-topic", g.dlq, "--checkpoint-store", st,
 				"--checkpoint-interval", checkpointInterval.String(), "--idle-timeout", idleTimeout.String(),
 				"--session-timeout", sessionTimeout.String(), "--metrics-addr", "", "--log-level", "info",
-			}, semantics...)
+			}, v.semantics()...)
 			if eos {
 				args = append(args, "--exactly-once")
 			}
 			g.inst[i] = &instance{name: fmt.Sprintf("%s-%d", g.mode, i), bin: bin, args: args,
 				logs: filepath.Join(dir, fmt.Sprintf("%s-%d.log", g.mode, i)), tl: tl}
 		}
-		if g.live, err = newCollector(r.ctx, addr, g.out, g.dlq, eos); err != nil {
+		if g.live, err = newCollector(r.ctx, addr, g.out, g.dlq, eos, r.out); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(g.live.close)
 		g.raw = g.live
 		if eos {
-			if g.raw, err = newCollector(r.ctx, addr, g.out, g.dlq, false); err != nil {
+			if g.raw, err = newCollector(r.ctx, addr, g.out, g.dlq, false, r.out); err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(g.raw.close)
@@ -730,7 +783,7 @@ func (r *run) replay(bin, addr, out, dlq string) map[srcKey][]output {
 	}
 	defer f.Close()
 	args := append([]string{"replay", "--brokers", addr, "--input-topic", r.input, "--from", "start", "--to", "end",
-		"--output", "topic:" + out, "--dlq", "topic:" + dlq, "--quiet", "--log-format", "json"}, semantics...)
+		"--output", "topic:" + out, "--dlq", "topic:" + dlq, "--quiet", "--log-format", "json"}, r.v.semantics()...)
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = childEnv()
 	cmd.Stdout, cmd.Stderr = f, f
@@ -740,7 +793,7 @@ func (r *run) replay(bin, addr, out, dlq string) map[srcKey][]output {
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("velocity-consumer %s: %v; log %s", strings.Join(args, " "), err, logPath)
 	}
-	col, err := newCollector(ctx, addr, out, dlq, false)
+	col, err := newCollector(ctx, addr, out, dlq, false, r.out)
 	if err != nil {
 		t.Fatal(err)
 	}

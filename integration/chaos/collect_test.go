@@ -20,11 +20,12 @@ import (
 // The dead-letter headers of the contract (README "What it does"), spelled
 // here rather than imported: the checker reads the topics as a user would.
 const (
-	hdrReason    = "velocity.reason"
-	hdrError     = "velocity.error"
-	hdrSrcTopic  = "velocity.source.topic"
-	hdrSrcPart   = "velocity.source.partition"
-	hdrSrcOffset = "velocity.source.offset"
+	hdrReason     = "velocity.reason"
+	hdrError      = "velocity.error"
+	hdrSrcTopic   = "velocity.source.topic"
+	hdrSrcPart    = "velocity.source.partition"
+	hdrSrcOffset  = "velocity.source.offset"
+	hdrDefinition = "velocity.definition"
 )
 
 var featuresCodec = func() *goavro.Codec {
@@ -79,6 +80,7 @@ type collector struct {
 	committed bool
 	features  string
 	dlq       string
+	out       outputSchema
 
 	mu    sync.Mutex
 	pos   map[tp]int64
@@ -87,7 +89,18 @@ type collector struct {
 	fetch []string // fetch errors (a broker restart makes some), the first few
 }
 
-func newCollector(ctx context.Context, addr, features, dlq string, committed bool) (*collector, error) {
+// outputSchema is how a run's features values are read: ours, or a feature
+// definition's generated record, whose outputs must also name the definition
+// in their velocity.definition header.
+type outputSchema struct {
+	codec      *goavro.Codec
+	name       string // for messages
+	definition string // the velocity.definition header every output carries ("" without --features)
+}
+
+var defaultOutput = outputSchema{codec: featuresCodec, name: "schemas/velocity_features.avsc"}
+
+func newCollector(ctx context.Context, addr, features, dlq string, committed bool, out outputSchema) (*collector, error) {
 	iso := kgo.ReadUncommitted()
 	if committed {
 		iso = kgo.ReadCommitted()
@@ -104,7 +117,7 @@ func newCollector(ctx context.Context, addr, features, dlq string, committed boo
 	if err != nil {
 		return nil, err
 	}
-	c := &collector{cl: cl, adm: kadm.NewClient(cl), committed: committed, features: features, dlq: dlq,
+	c := &collector{cl: cl, adm: kadm.NewClient(cl), committed: committed, features: features, dlq: dlq, out: out,
 		pos: map[tp]int64{}, outs: map[srcKey][]output{}}
 	go c.loop(ctx)
 	return c, nil
@@ -129,7 +142,7 @@ func (c *collector) loop(ctx context.Context) {
 			if r.Attrs.IsControl() {
 				return
 			}
-			k, o, err := classify(r, r.Topic == c.dlq)
+			k, o, err := c.out.classify(r, r.Topic == c.dlq)
 			if err != nil {
 				c.bad = append(c.bad, err.Error())
 				return
@@ -143,13 +156,24 @@ func (c *collector) loop(ctx context.Context) {
 // classify reads the source position an output names: the lineage fields of
 // a features value (decoded with the published schema), the
 // velocity.source.* headers of a dead letter.
-func classify(r *kgo.Record, dead bool) (srcKey, output, error) {
+func (os outputSchema) classify(r *kgo.Record, dead bool) (srcKey, output, error) {
 	at := fmt.Sprintf("%s/%d@%d", r.Topic, r.Partition, r.Offset)
 	o := output{dead: dead, key: r.Key, keyNull: r.Key == nil, value: r.Value, valueNull: r.Value == nil, at: at}
+	if os.definition != "" {
+		var def string
+		for _, x := range r.Headers {
+			if x.Key == hdrDefinition {
+				def = string(x.Value)
+			}
+		}
+		if def != os.definition {
+			return srcKey{}, o, fmt.Errorf("%s has velocity.definition %q, want %q", at, def, os.definition)
+		}
+	}
 	if !dead {
-		native, rest, err := featuresCodec.NativeFromBinary(r.Value)
+		native, rest, err := os.codec.NativeFromBinary(r.Value)
 		if err != nil || len(rest) != 0 {
-			return srcKey{}, o, fmt.Errorf("features record %s does not decode with schemas/velocity_features.avsc: %v (%d bytes left)", at, err, len(rest))
+			return srcKey{}, o, fmt.Errorf("features record %s does not decode with %s: %v (%d bytes left)", at, os.name, err, len(rest))
 		}
 		m := native.(map[string]any)
 		p, _ := m["source_partition"].(int32)
