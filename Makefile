@@ -134,7 +134,7 @@ CHAOS_SEEDS ?=
 CHAOS_LOGS ?= bin/chaos
 CHAOS_REPORT ?= $(CHAOS_LOGS)/report.tsv
 CHAOS_TIMEOUT ?= 6h
-# One store only: CHAOS_STORES=kafka or CHAOS_STORES=file
+# One variant only: CHAOS_STORES=kafka, file (both file runs) or file-features
 CHAOS_STORES ?=
 chaos:
 	mkdir -p $(CHAOS_LOGS)
