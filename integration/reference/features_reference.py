@@ -168,29 +168,20 @@ class Reference:
         return raw
 
     def decode(self, rec):
-        """(event_id, entity, time_ms, amount_minor, rec) or a dead reason."""
-        p = self.d.paths
+        """(event_id, entity, time_ms, amount_minor) or a dead reason.
 
-        def ident(key):
+        docs/features.md: first a mapped field that is null or does not
+        convert, in the order event id, entity id, amount, event time; then
+        the contract's rules on the values in the same order."""
+        p = self.d.paths
+        raw = {}
+        for key in ("event_id", "entity_id"):
             v = get_path(rec, p[key])
+            if v is None:
+                return "invalid:" + p[key]
             if isinstance(v, int) and not isinstance(v, bool):
                 v = str(v)
-            if isinstance(v, bytes):
-                try:
-                    v = v.decode("utf-8")
-                except UnicodeDecodeError:
-                    return None, "invalid:" + p[key]
-            limit = 128 if key == "event_id" else 256
-            if v is None or v == "" or len(v.encode("utf-8")) > limit:
-                return None, "invalid:" + p[key]
-            return v, None
-
-        eid, why = ident("event_id")
-        if why:
-            return why
-        ent, why = ident("entity_id")
-        if why:
-            return why
+            raw[key] = v
         amount = 0
         if p["amount"]:
             v = self.typed(p["amount"], get_path(rec, p["amount"]))
@@ -203,21 +194,30 @@ class Reference:
                 amount = int(minor)
             else:
                 amount = int(v)
-            if amount < 0 or amount > MAX_AMOUNT:
-                return "invalid:" + p["amount"]
         t = self.types[p["event_time"]]
-        raw = get_path(rec, p["event_time"])
-        if raw is None:
+        ms = get_path(rec, p["event_time"])
+        if ms is None:
             return "invalid:" + p["event_time"]
-        if isinstance(raw, datetime.datetime):
+        if isinstance(ms, datetime.datetime):
             # fastavro applied the logical type: back to the long it was written as.
-            micros = (raw - EPOCH) // datetime.timedelta(microseconds=1)
-            raw = micros if t.get("logicalType") == "timestamp-micros" else micros // 1000
+            micros = (ms - EPOCH) // datetime.timedelta(microseconds=1)
+            ms = micros if t.get("logicalType") == "timestamp-micros" else micros // 1000
         if isinstance(t, dict) and t.get("logicalType") == "timestamp-micros":
-            ms = raw // 1000  # floor
-        else:
-            ms = raw
-        return (eid, ent, ms, amount)
+            ms = ms // 1000  # floor
+        ids = []
+        for key, limit in (("event_id", 128), ("entity_id", 256)):
+            v = raw[key]
+            if isinstance(v, bytes):
+                try:
+                    v = v.decode("utf-8")
+                except UnicodeDecodeError:
+                    return "invalid:" + p[key]
+            if v == "" or len(v.encode("utf-8")) > limit:
+                return "invalid:" + p[key]
+            ids.append(v)
+        if amount < 0 or amount > MAX_AMOUNT:
+            return "invalid:" + p["amount"]
+        return (ids[0], ids[1], ms, amount)
 
     def matches(self, f, rec):
         for pr in f["where"]:
