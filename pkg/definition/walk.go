@@ -29,6 +29,7 @@ const (
 	errIntOverflow
 	errBlockCount
 	errTooDeep
+	errDuplicateKey
 )
 
 func (e walkErr) String() string {
@@ -51,6 +52,8 @@ func (e walkErr) String() string {
 		return "int value overflows 32 bits"
 	case errBlockCount:
 		return "array or map block count out of range"
+	case errDuplicateKey:
+		return "map has a duplicate key"
 	case errTooDeep:
 		return "nesting deeper than " + strconv.Itoa(maxDepth)
 	}
@@ -316,8 +319,49 @@ func skip(b []byte, i int, n *node, depth int) (int, walkErr) {
 	return i, e
 }
 
+// mapKeys remembers the keys of one map being skipped, because goavro refuses
+// a map with a duplicate key (within or across blocks) and the walker accepts
+// what goavro accepts. The first smallKeys keys are compared in place, without
+// allocating; a larger map moves to a Go map.
+type mapKeys struct {
+	small [smallKeys][2]uint32 // offset, length
+	n     int
+	big   map[string]struct{}
+}
+
+const smallKeys = 16
+
+// add records b[off:off+ln] and reports whether it was new.
+func (k *mapKeys) add(b []byte, off, ln int) bool {
+	key := b[off : off+ln]
+	if k.big != nil {
+		if _, dup := k.big[string(key)]; dup {
+			return false
+		}
+		k.big[string(key)] = struct{}{}
+		return true
+	}
+	for _, s := range k.small[:k.n] {
+		if string(b[s[0]:s[0]+s[1]]) == string(key) {
+			return false
+		}
+	}
+	if k.n < smallKeys {
+		k.small[k.n] = [2]uint32{uint32(off), uint32(ln)}
+		k.n++
+		return true
+	}
+	k.big = make(map[string]struct{}, 2*smallKeys)
+	for _, s := range k.small[:k.n] {
+		k.big[string(b[s[0]:s[0]+s[1]])] = struct{}{}
+	}
+	k.big[string(key)] = struct{}{}
+	return true
+}
+
 func skipBlocks(b []byte, i int, n *node, depth int) (int, walkErr) {
 	limit := maxBlockCount()
+	var keys mapKeys
 	for {
 		count, j, e := readLong(b, i)
 		if e != errNone {
@@ -346,6 +390,9 @@ func skipBlocks(b []byte, i int, n *node, depth int) (int, walkErr) {
 				var ln int
 				if ln, i, e = readLen(b, i); e != errNone {
 					return i, e
+				}
+				if !keys.add(b, i, ln) {
+					return i, errDuplicateKey
 				}
 				i += ln
 			}
