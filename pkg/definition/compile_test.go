@@ -1,6 +1,7 @@
 package definition
 
 import (
+	"fmt"
 	"math"
 	"math/big"
 	"os"
@@ -436,6 +437,45 @@ func TestHashGolden(t *testing.T) {
 	for i, tc := range cases {
 		if tc.got != tc.want {
 			t.Errorf("case %d: hash %#x, want %#x", i, tc.got, tc.want)
+		}
+	}
+}
+
+// One decoder serves every partition at once (the registry shares it).
+func TestDecoderConcurrent(t *testing.T) {
+	d, err := LoadFile("../../examples/features/card_features.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := mustCompile(t, d, exampleSchema(t))
+	values := make([][]byte, 8)
+	want := make([]codec.Transaction, 8)
+	for i := range values {
+		rec := exampleRecord()
+		rec["txn_id"] = "t-" + strings.Repeat("x", i)
+		rec["merchant"] = goavro.Union("com.example.payments.Merchant", map[string]any{"id": "m-" + strings.Repeat("y", i), "mcc": "5411", "country": nil})
+		values[i] = encodeExample(t, rec)
+		if rej := c.Decoder().Decode(values[i], 0, false, &want[i]); rej != nil {
+			t.Fatal(rej)
+		}
+	}
+	done := make(chan error, 4)
+	for g := 0; g < 4; g++ {
+		go func() {
+			var tx codec.Transaction
+			for n := 0; n < 2000; n++ {
+				i := (n + g) % len(values)
+				if rej := c.Decoder().Decode(values[i], 0, false, &tx); rej != nil || !equalTx(tx, want[i]) {
+					done <- fmt.Errorf("goroutine %d record %d: %v %+v", g, i, rej, tx)
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	for g := 0; g < 4; g++ {
+		if err := <-done; err != nil {
+			t.Fatal(err)
 		}
 	}
 }

@@ -222,8 +222,8 @@ func (g *schemaGen) definition() (string, string) {
 }
 
 func TestDifferentialRandomSchemas(t *testing.T) {
-	n := 300
-	if testing.Short() {
+	n := 150
+	if testing.Short() || raceEnabled {
 		n = 40
 	}
 	for s := 0; s < n; s++ {
