@@ -260,7 +260,7 @@ func (c *compiler) plan(n *node, t *trieNode, prefix string) (*plan, error) {
 			continue
 		}
 		inner, isNull, _ := nullableBranch(f.typ) // resolve checked the shape
-		st := step{typ: inner, nullable: isNull, label: label, slot: child.slot}
+		st := step{typ: inner, kind: inner.kind, size: inner.size, nsym: int64(len(inner.symbols)), nullable: isNull, label: label, slot: child.slot}
 		if isNull {
 			st.nullIdx = 0
 			if f.typ.branches[1].kind == kNull {
@@ -579,13 +579,27 @@ type decoder struct {
 	filters   []cfilter
 }
 
+// smallSlots is the scratch size for definitions that read few fields (most):
+// the scratch is zeroed for every record, so it is kept no larger than needed.
+const smallSlots = 16
+
 func (d *decoder) Decode(value []byte, maxSeen int64, hasMaxSeen bool, tx *codec.Transaction) *codec.Rejection {
 	if len(value) > d.limits.MaxRecordBytes {
 		return &codec.Rejection{Reason: codec.ReasonTooLarge, Detail: "record is " + strconv.Itoa(len(value)) +
 			" bytes, over the limit of " + strconv.Itoa(d.limits.MaxRecordBytes)}
 	}
+	if d.nslots <= smallSlots {
+		var vals [smallSlots]val
+		return d.decode(value, maxSeen, hasMaxSeen, tx, vals[:])
+	}
 	var vals [MaxPaths]val
-	i, e, label := walk(value, 0, d.root, &vals, 0)
+	return d.decode(value, maxSeen, hasMaxSeen, tx, vals[:])
+}
+
+// decode is Decode with vals, the per-record scratch of d.nslots or more
+// zeroed entries on the caller's stack.
+func (d *decoder) decode(value []byte, maxSeen int64, hasMaxSeen bool, tx *codec.Transaction, vals []val) *codec.Rejection {
+	i, e, label := walk(value, 0, d.root, vals, 0)
 	if e != errNone {
 		return &codec.Rejection{Reason: codec.ReasonDecode, Detail: label + ": " + e.String() + " at byte " + strconv.Itoa(i)}
 	}
@@ -593,20 +607,20 @@ func (d *decoder) Decode(value []byte, maxSeen int64, hasMaxSeen bool, tx *codec
 		return &codec.Rejection{Reason: codec.ReasonDecode, Detail: strconv.Itoa(len(value)-i) + " trailing bytes after the record"}
 	}
 	var r *codec.Rejection
-	if tx.EventID, r = d.eventID.read(value, &vals); r != nil {
+	if tx.EventID, r = d.eventID.read(value, vals); r != nil {
 		return r
 	}
-	if tx.EntityID, r = d.entityID.read(value, &vals); r != nil {
+	if tx.EntityID, r = d.entityID.read(value, vals); r != nil {
 		return r
 	}
 	tx.AmountMinor = 0
 	if d.amount.slot >= 0 {
-		if tx.AmountMinor, r = d.amount.read(value, &vals); r != nil {
+		if tx.AmountMinor, r = d.amount.read(value, vals); r != nil {
 			return r
 		}
 	}
 	tx.Currency = ""
-	if tx.EventTime, r = d.eventTime.read(&vals); r != nil {
+	if tx.EventTime, r = d.eventTime.read(vals); r != nil {
 		return r
 	}
 	if r = codec.Validate(tx, d.limits, maxSeen, hasMaxSeen); r != nil {
@@ -618,13 +632,13 @@ func (d *decoder) Decode(value []byte, maxSeen int64, hasMaxSeen bool, tx *codec
 	}
 	var word0 uint64
 	for k := range d.filters {
-		if d.filters[k].match(value, &vals) {
+		if d.filters[k].match(value, vals) {
 			word0 |= 1 << k
 		}
 	}
 	tx.Ext = append(tx.Ext[:0], 0)
 	for j := range d.distincts {
-		h, ok := d.distincts[j].hash(value, &vals)
+		h, ok := d.distincts[j].hash(value, vals)
 		if ok {
 			word0 |= 1 << (32 + j)
 		}
@@ -660,7 +674,7 @@ func (d *decoder) rename(r *codec.Rejection) *codec.Rejection {
 	return &codec.Rejection{Reason: codec.Invalid(path), Detail: path + strings.TrimPrefix(r.Detail, name)}
 }
 
-func (r *idRef) read(value []byte, vals *[MaxPaths]val) (string, *codec.Rejection) {
+func (r *idRef) read(value []byte, vals []val) (string, *codec.Rejection) {
 	v := &vals[r.slot]
 	if !v.set {
 		return "", &codec.Rejection{Reason: r.reason, Detail: r.path + " is null"}
@@ -672,7 +686,7 @@ func (r *idRef) read(value []byte, vals *[MaxPaths]val) (string, *codec.Rejectio
 	return string(value[v.off : v.off+v.ln]), nil
 }
 
-func (r *timeRef) read(vals *[MaxPaths]val) (int64, *codec.Rejection) {
+func (r *timeRef) read(vals []val) (int64, *codec.Rejection) {
 	v := &vals[r.slot]
 	if !v.set {
 		return 0, &codec.Rejection{Reason: r.reason, Detail: r.path + " is null"}
@@ -689,7 +703,7 @@ func (r *timeRef) read(vals *[MaxPaths]val) (int64, *codec.Rejection) {
 	return ms, nil
 }
 
-func (r *amountRef) read(value []byte, vals *[MaxPaths]val) (int64, *codec.Rejection) {
+func (r *amountRef) read(value []byte, vals []val) (int64, *codec.Rejection) {
 	v := &vals[r.slot]
 	if !v.set {
 		return 0, &codec.Rejection{Reason: r.reason, Detail: r.path + " is null"}
@@ -730,7 +744,7 @@ func (r *amountRef) describe(value []byte, v *val) string {
 	return strconv.FormatFloat(math.Float64frombits(uint64(v.n)), 'g', -1, 64)
 }
 
-func (f *cfilter) match(value []byte, vals *[MaxPaths]val) bool {
+func (f *cfilter) match(value []byte, vals []val) bool {
 	for k := range f.preds {
 		if !f.preds[k].match(value, vals) {
 			return false
@@ -739,7 +753,7 @@ func (f *cfilter) match(value []byte, vals *[MaxPaths]val) bool {
 	return true
 }
 
-func (p *cpred) match(value []byte, vals *[MaxPaths]val) bool {
+func (p *cpred) match(value []byte, vals []val) bool {
 	v := &vals[p.slot]
 	if p.kind == predNull {
 		return v.set != p.isNull
@@ -775,7 +789,7 @@ func (p *cpred) match(value []byte, vals *[MaxPaths]val) bool {
 	return false
 }
 
-func (r *distinctRef) hash(value []byte, vals *[MaxPaths]val) (uint64, bool) {
+func (r *distinctRef) hash(value []byte, vals []val) (uint64, bool) {
 	v := &vals[r.slot]
 	if !v.set {
 		return 0, false

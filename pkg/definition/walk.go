@@ -139,6 +139,9 @@ const (
 type step struct {
 	op       stepOp
 	typ      *node // skip: the field's type; leaf: its non-null type
+	kind     kind  // leaf: typ.kind, size and symbol count, kept here so that
+	size     int   // reading a leaf does not chase typ
+	nsym     int64
 	nullable bool  // the field is a [null, T] union: read the branch first
 	nullIdx  int64 // that union's null branch
 	slot     int   // leaf: where the value goes; record: -1, or the slot that records its presence
@@ -151,7 +154,7 @@ type plan struct {
 }
 
 // walk reads one record of pl at b[i:]; on failure it names the field.
-func walk(b []byte, i int, pl *plan, vals *[MaxPaths]val, depth int) (int, walkErr, string) {
+func walk(b []byte, i int, pl *plan, vals []val, depth int) (int, walkErr, string) {
 	if depth > maxDepth {
 		return i, errTooDeep, ""
 	}
@@ -189,16 +192,16 @@ func walk(b []byte, i int, pl *plan, vals *[MaxPaths]val, depth int) (int, walkE
 			}
 			continue
 		}
-		if i, e = readLeaf(b, i, st.typ, &vals[st.slot]); e != errNone {
+		if i, e = readLeaf(b, i, st, &vals[st.slot]); e != errNone {
 			return i, e, st.label
 		}
 	}
 	return i, errNone, ""
 }
 
-func readLeaf(b []byte, i int, n *node, v *val) (int, walkErr) {
+func readLeaf(b []byte, i int, st *step, v *val) (int, walkErr) {
 	var e walkErr
-	switch n.kind {
+	switch st.kind {
 	case kBoolean:
 		if i >= len(b) {
 			return i, errTruncated
@@ -214,7 +217,7 @@ func readLeaf(b []byte, i int, n *node, v *val) (int, walkErr) {
 		v.n, i, e = readLong(b, i)
 	case kEnum:
 		v.n, i, e = readLong(b, i)
-		if e == errNone && (v.n < 0 || v.n >= int64(len(n.symbols))) {
+		if e == errNone && (v.n < 0 || v.n >= st.nsym) {
 			return i, errBadEnumIndex
 		}
 	case kFloat:
@@ -237,14 +240,14 @@ func readLeaf(b []byte, i int, n *node, v *val) (int, walkErr) {
 		v.off, v.ln = uint32(j), uint32(ln)
 		i = j + ln
 	case kFixed:
-		if len(b)-i < n.size {
+		if len(b)-i < st.size {
 			return i, errTruncated
 		}
-		v.off, v.ln = uint32(i), uint32(n.size)
-		i += n.size
+		v.off, v.ln = uint32(i), uint32(st.size)
+		i += st.size
 	default:
 		// Compile only makes leaves of the kinds above.
-		panic("definition: leaf of kind " + n.kind.String())
+		panic("definition: leaf of kind " + st.kind.String())
 	}
 	if e != errNone {
 		return i, e
@@ -360,8 +363,16 @@ func (k *mapKeys) add(b []byte, off, ln int) bool {
 }
 
 func skipBlocks(b []byte, i int, n *node, depth int) (int, walkErr) {
+	if n.kind == kMap {
+		var keys mapKeys
+		return skipItems(b, i, n, depth, &keys)
+	}
+	return skipItems(b, i, n, depth, nil)
+}
+
+// skipItems skips the blocks of an array, or of a map with keys (non-nil).
+func skipItems(b []byte, i int, n *node, depth int, keys *mapKeys) (int, walkErr) {
 	limit := maxBlockCount()
-	var keys mapKeys
 	for {
 		count, j, e := readLong(b, i)
 		if e != errNone {
