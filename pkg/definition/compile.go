@@ -649,29 +649,51 @@ func (d *decoder) decode(value []byte, maxSeen int64, hasMaxSeen bool, tx *codec
 }
 
 // rename turns the contract's field names in a validation rejection into the
-// user's paths.
+// user's paths, with the reasons spelled once at compile time.
 func (d *decoder) rename(r *codec.Rejection) *codec.Rejection {
-	var path, name string
+	var reason codec.Reason
+	var path, name, unit string
 	switch r.Reason {
 	case codec.ReasonInvalidEventID:
-		path, name = d.eventID.path, "event_id"
+		reason, path, name = d.eventID.reason, d.eventID.path, "event_id"
 	case codec.ReasonInvalidEntityID:
-		path, name = d.entityID.path, "entity_id"
+		reason, path, name = d.entityID.reason, d.entityID.path, "entity_id"
 	case codec.ReasonInvalidAmountMinor:
-		path, name = d.amount.path, "amount_minor"
-		if path == "" {
-			return r // amount 0 is always valid; unreachable
+		if d.amount.slot < 0 {
+			return r // an unmapped amount is 0, which is valid: unreachable
 		}
-		return &codec.Rejection{Reason: d.amount.reason, Detail: path + " in minor units" + strings.TrimPrefix(r.Detail, name)}
+		reason, path, name, unit = d.amount.reason, d.amount.path, "amount_minor", " in minor units"
 	case codec.ReasonInvalidEventTime:
-		path, name = d.eventTime.path, "event_time"
+		reason, path, name = d.eventTime.reason, d.eventTime.path, "event_time"
 		if d.eventTime.micros {
-			return &codec.Rejection{Reason: d.eventTime.reason, Detail: path + " in milliseconds" + strings.TrimPrefix(r.Detail, name)}
+			unit = " in milliseconds"
 		}
 	default:
 		return r
 	}
-	return &codec.Rejection{Reason: codec.Invalid(path), Detail: path + strings.TrimPrefix(r.Detail, name)}
+	return &codec.Rejection{Reason: reason, Detail: path + unit + strings.TrimPrefix(r.Detail, name)}
+}
+
+// Reasons lists every velocity.reason the decoder can give, so that metrics
+// can count each from the start: decode, too_large, and invalid:<path> for the
+// mapped paths.
+func (c *Compiled) Reasons() []codec.Reason {
+	d := c.dec
+	out := []codec.Reason{codec.ReasonDecode, codec.ReasonTooLarge, d.eventID.reason, d.entityID.reason}
+	if d.amount.slot >= 0 {
+		out = append(out, d.amount.reason)
+	}
+	out = append(out, d.eventTime.reason)
+	// Two uses may map one path (an id that is also the amount): list it once.
+	seen := map[codec.Reason]bool{}
+	uniq := out[:0]
+	for _, r := range out {
+		if !seen[r] {
+			seen[r] = true
+			uniq = append(uniq, r)
+		}
+	}
+	return uniq
 }
 
 func (r *idRef) read(value []byte, vals []val) (string, *codec.Rejection) {

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/big"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -477,5 +478,21 @@ func TestDecoderConcurrent(t *testing.T) {
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+func TestReasons(t *testing.T) {
+	d, err := LoadFile("../../examples/features/card_features.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := mustCompile(t, d, exampleSchema(t))
+	want := []codec.Reason{"decode", "too_large", "invalid:txn_id", "invalid:card.id", "invalid:amount", "invalid:ts"}
+	if got := c.Reasons(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("reasons %v, want %v", got, want)
+	}
+	c2 := mustCompile(t, mustParse(t, "i.yaml", wideIntDef), wideSchema)
+	if got, want := c2.Reasons(), []codec.Reason{"decode", "too_large", "invalid:who.inner.code", "invalid:label", "invalid:t"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("reasons %v, want %v", got, want)
 	}
 }
