@@ -523,7 +523,7 @@ func (c *compiler) predicate(pr Predicate) (cpred, error) {
 		if v.Tag != "!!bool" {
 			return cpred{}, c.errAt(v.pos, opField, "field %s is a boolean; compare it with true or false, not %q", pr.Field, v.Text)
 		}
-		cp.kind, cp.b = predBool, v.Text == "true"
+		cp.kind, cp.b = predBool, strings.EqualFold(v.Text, "true") // YAML 1.2 also writes True and TRUE
 		return cp, nil
 	}
 	numeric := leaf.kind == kInt || leaf.kind == kLong || leaf.kind == kFloat || leaf.kind == kDouble || leaf.isDecimal()

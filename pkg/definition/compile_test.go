@@ -167,6 +167,18 @@ func TestDecodeExample(t *testing.T) {
 	if want := []uint64{1 << 2, 0, 0}; !equalExt(tx.Ext, want) {
 		t.Fatalf("approved, card present, no merchant: ext %x, want %x", tx.Ext, want)
 	}
+	// YAML writes booleans as true, True or TRUE; all mean the same.
+	for _, lit := range []string{"True", "TRUE", "true"} {
+		src := strings.Replace(base, "features:\n", "features:\n  - {name: cnp, agg: count, windows: [1h], where: [{field: card_present, eq: "+lit+"}, {field: merchant, is_null: TRUE}]}\n", 1)
+		cb := mustCompile(t, mustParse(t, "b.yaml", src), exampleSchema(t))
+		rec2 := exampleRecord()
+		rec2["merchant"] = nil
+		rec2["card_present"] = true
+		var tb codec.Transaction
+		if rej := cb.Decoder().Decode(encodeExample(t, rec2), 0, false, &tb); rej != nil || len(tb.Ext) != 1 || tb.Ext[0] != 1 {
+			t.Fatalf("eq: %s on card_present true, is_null: TRUE on a null merchant: %v %x", lit, rej, tb.Ext)
+		}
+	}
 	rec["amount"] = big.NewRat(49999, 100)
 	if rej := c.Decoder().Decode(encodeExample(t, rec), 0, false, &tx); rej != nil || tx.Ext[0] != 0 || tx.AmountMinor != 49999 {
 		t.Fatalf("499.99: %v %+v", rej, tx)

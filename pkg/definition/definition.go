@@ -728,7 +728,7 @@ func (p *parser) filter(n *yaml.Node, field string) (Filter, error) {
 			if opNode.Kind != yaml.ScalarNode || opNode.ShortTag() != "!!bool" {
 				return Filter{}, p.errf(opNode, of, "want true or false, got %s", kindName(opNode))
 			}
-			pr.IsNull = opNode.Value == "true"
+			pr.IsNull = strings.EqualFold(opNode.Value, "true") // YAML 1.2 also writes True and TRUE
 		case OpIn, OpNotIn:
 			vals, err := p.seq(opNode, of)
 			if err != nil {
@@ -774,7 +774,11 @@ func (pr Predicate) canonical() string {
 	}
 	vals := make([]string, len(pr.Values))
 	for i, v := range pr.Values {
-		vals[i] = v.Tag + strconv.Quote(v.Text)
+		text := v.Text
+		if v.Tag == "!!bool" {
+			text = strings.ToLower(text) // True and true are one constant
+		}
+		vals[i] = v.Tag + strconv.Quote(text)
 	}
 	if pr.Op == OpIn || pr.Op == OpNotIn {
 		sort.Strings(vals)
