@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+	"github.com/velocity-consumer/velocity-consumer/schemas"
 )
 
 // Compiled is a definition compiled over one writer schema.
@@ -55,7 +56,9 @@ func withDefaults(l codec.Limits) codec.Limits {
 }
 
 // Compile resolves every path of def against writerSchema and builds the
-// decoder. A path the schema lacks, a type a use cannot take, a filter
+// decoder. writerSchema "" means our Transaction schema (schemas.Transaction),
+// as for codec.NewDecoder, so a definition without input.schema and without a
+// registry reads the topic format the service has always read. A path the schema lacks, a type a use cannot take, a filter
 // constant the field cannot hold: each is an error naming the definition's
 // file, line and key.
 func Compile(def *Definition, writerSchema string, limits codec.Limits) (*Compiled, error) {
@@ -65,6 +68,9 @@ func Compile(def *Definition, writerSchema string, limits codec.Limits) (*Compil
 	}
 	if limits.MaxRecordBytes > math.MaxInt32 {
 		return nil, fmt.Errorf("codec limits: MaxRecordBytes %d is over 2 GiB", limits.MaxRecordBytes)
+	}
+	if writerSchema == "" {
+		writerSchema = schemas.Transaction
 	}
 	root, _, err := parseSchema(writerSchema)
 	if err != nil {
