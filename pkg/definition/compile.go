@@ -76,6 +76,12 @@ func Compile(def *Definition, writerSchema string, limits codec.Limits) (*Compil
 	if err != nil {
 		return nil, err
 	}
+	return compileParsed(def, root, limits)
+}
+
+// compileParsed is Compile over a parsed writer schema; limits are complete.
+func compileParsed(def *Definition, root *node, limits codec.Limits) (*Compiled, error) {
+	var err error
 	c := &compiler{def: def, root: root, slots: map[string]int{}}
 	d := &decoder{limits: limits, root: &plan{}}
 	// Mapping.
