@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+	"github.com/velocity-consumer/velocity-consumer/schemas"
 )
 
 // Compiled is a definition compiled over one writer schema.
@@ -55,7 +56,9 @@ func withDefaults(l codec.Limits) codec.Limits {
 }
 
 // Compile resolves every path of def against writerSchema and builds the
-// decoder. A path the schema lacks, a type a use cannot take, a filter
+// decoder. writerSchema "" means our Transaction schema (schemas.Transaction),
+// as for codec.NewDecoder, so a definition without input.schema and without a
+// registry reads the topic format the service has always read. A path the schema lacks, a type a use cannot take, a filter
 // constant the field cannot hold: each is an error naming the definition's
 // file, line and key.
 func Compile(def *Definition, writerSchema string, limits codec.Limits) (*Compiled, error) {
@@ -66,10 +69,19 @@ func Compile(def *Definition, writerSchema string, limits codec.Limits) (*Compil
 	if limits.MaxRecordBytes > math.MaxInt32 {
 		return nil, fmt.Errorf("codec limits: MaxRecordBytes %d is over 2 GiB", limits.MaxRecordBytes)
 	}
+	if writerSchema == "" {
+		writerSchema = schemas.Transaction
+	}
 	root, _, err := parseSchema(writerSchema)
 	if err != nil {
 		return nil, err
 	}
+	return compileParsed(def, root, limits)
+}
+
+// compileParsed is Compile over a parsed writer schema; limits are complete.
+func compileParsed(def *Definition, root *node, limits codec.Limits) (*Compiled, error) {
+	var err error
 	c := &compiler{def: def, root: root, slots: map[string]int{}}
 	d := &decoder{limits: limits, root: &plan{}}
 	// Mapping.
@@ -260,7 +272,7 @@ func (c *compiler) plan(n *node, t *trieNode, prefix string) (*plan, error) {
 			continue
 		}
 		inner, isNull, _ := nullableBranch(f.typ) // resolve checked the shape
-		st := step{typ: inner, nullable: isNull, label: label, slot: child.slot}
+		st := step{typ: inner, kind: inner.kind, size: inner.size, nsym: int64(len(inner.symbols)), nullable: isNull, label: label, slot: child.slot}
 		if isNull {
 			st.nullIdx = 0
 			if f.typ.branches[1].kind == kNull {
@@ -523,7 +535,7 @@ func (c *compiler) predicate(pr Predicate) (cpred, error) {
 		if v.Tag != "!!bool" {
 			return cpred{}, c.errAt(v.pos, opField, "field %s is a boolean; compare it with true or false, not %q", pr.Field, v.Text)
 		}
-		cp.kind, cp.b = predBool, v.Text == "true"
+		cp.kind, cp.b = predBool, strings.EqualFold(v.Text, "true") // YAML 1.2 also writes True and TRUE
 		return cp, nil
 	}
 	numeric := leaf.kind == kInt || leaf.kind == kLong || leaf.kind == kFloat || leaf.kind == kDouble || leaf.isDecimal()
@@ -579,13 +591,27 @@ type decoder struct {
 	filters   []cfilter
 }
 
+// smallSlots is the scratch size for definitions that read few fields (most):
+// the scratch is zeroed for every record, so it is kept no larger than needed.
+const smallSlots = 16
+
 func (d *decoder) Decode(value []byte, maxSeen int64, hasMaxSeen bool, tx *codec.Transaction) *codec.Rejection {
 	if len(value) > d.limits.MaxRecordBytes {
 		return &codec.Rejection{Reason: codec.ReasonTooLarge, Detail: "record is " + strconv.Itoa(len(value)) +
 			" bytes, over the limit of " + strconv.Itoa(d.limits.MaxRecordBytes)}
 	}
+	if d.nslots <= smallSlots {
+		var vals [smallSlots]val
+		return d.decode(value, maxSeen, hasMaxSeen, tx, vals[:])
+	}
 	var vals [MaxPaths]val
-	i, e, label := walk(value, 0, d.root, &vals, 0)
+	return d.decode(value, maxSeen, hasMaxSeen, tx, vals[:])
+}
+
+// decode is Decode with vals, the per-record scratch of d.nslots or more
+// zeroed entries on the caller's stack.
+func (d *decoder) decode(value []byte, maxSeen int64, hasMaxSeen bool, tx *codec.Transaction, vals []val) *codec.Rejection {
+	i, e, label := walk(value, 0, d.root, vals, 0)
 	if e != errNone {
 		return &codec.Rejection{Reason: codec.ReasonDecode, Detail: label + ": " + e.String() + " at byte " + strconv.Itoa(i)}
 	}
@@ -593,20 +619,20 @@ func (d *decoder) Decode(value []byte, maxSeen int64, hasMaxSeen bool, tx *codec
 		return &codec.Rejection{Reason: codec.ReasonDecode, Detail: strconv.Itoa(len(value)-i) + " trailing bytes after the record"}
 	}
 	var r *codec.Rejection
-	if tx.EventID, r = d.eventID.read(value, &vals); r != nil {
+	if tx.EventID, r = d.eventID.read(value, vals); r != nil {
 		return r
 	}
-	if tx.EntityID, r = d.entityID.read(value, &vals); r != nil {
+	if tx.EntityID, r = d.entityID.read(value, vals); r != nil {
 		return r
 	}
 	tx.AmountMinor = 0
 	if d.amount.slot >= 0 {
-		if tx.AmountMinor, r = d.amount.read(value, &vals); r != nil {
+		if tx.AmountMinor, r = d.amount.read(value, vals); r != nil {
 			return r
 		}
 	}
 	tx.Currency = ""
-	if tx.EventTime, r = d.eventTime.read(&vals); r != nil {
+	if tx.EventTime, r = d.eventTime.read(vals); r != nil {
 		return r
 	}
 	if r = codec.Validate(tx, d.limits, maxSeen, hasMaxSeen); r != nil {
@@ -618,13 +644,13 @@ func (d *decoder) Decode(value []byte, maxSeen int64, hasMaxSeen bool, tx *codec
 	}
 	var word0 uint64
 	for k := range d.filters {
-		if d.filters[k].match(value, &vals) {
+		if d.filters[k].match(value, vals) {
 			word0 |= 1 << k
 		}
 	}
 	tx.Ext = append(tx.Ext[:0], 0)
 	for j := range d.distincts {
-		h, ok := d.distincts[j].hash(value, &vals)
+		h, ok := d.distincts[j].hash(value, vals)
 		if ok {
 			word0 |= 1 << (32 + j)
 		}
@@ -635,32 +661,54 @@ func (d *decoder) Decode(value []byte, maxSeen int64, hasMaxSeen bool, tx *codec
 }
 
 // rename turns the contract's field names in a validation rejection into the
-// user's paths.
+// user's paths, with the reasons spelled once at compile time.
 func (d *decoder) rename(r *codec.Rejection) *codec.Rejection {
-	var path, name string
+	var reason codec.Reason
+	var path, name, unit string
 	switch r.Reason {
 	case codec.ReasonInvalidEventID:
-		path, name = d.eventID.path, "event_id"
+		reason, path, name = d.eventID.reason, d.eventID.path, "event_id"
 	case codec.ReasonInvalidEntityID:
-		path, name = d.entityID.path, "entity_id"
+		reason, path, name = d.entityID.reason, d.entityID.path, "entity_id"
 	case codec.ReasonInvalidAmountMinor:
-		path, name = d.amount.path, "amount_minor"
-		if path == "" {
-			return r // amount 0 is always valid; unreachable
+		if d.amount.slot < 0 {
+			return r // an unmapped amount is 0, which is valid: unreachable
 		}
-		return &codec.Rejection{Reason: d.amount.reason, Detail: path + " in minor units" + strings.TrimPrefix(r.Detail, name)}
+		reason, path, name, unit = d.amount.reason, d.amount.path, "amount_minor", " in minor units"
 	case codec.ReasonInvalidEventTime:
-		path, name = d.eventTime.path, "event_time"
+		reason, path, name = d.eventTime.reason, d.eventTime.path, "event_time"
 		if d.eventTime.micros {
-			return &codec.Rejection{Reason: d.eventTime.reason, Detail: path + " in milliseconds" + strings.TrimPrefix(r.Detail, name)}
+			unit = " in milliseconds"
 		}
 	default:
 		return r
 	}
-	return &codec.Rejection{Reason: codec.Invalid(path), Detail: path + strings.TrimPrefix(r.Detail, name)}
+	return &codec.Rejection{Reason: reason, Detail: path + unit + strings.TrimPrefix(r.Detail, name)}
 }
 
-func (r *idRef) read(value []byte, vals *[MaxPaths]val) (string, *codec.Rejection) {
+// Reasons lists every velocity.reason the decoder can give, so that metrics
+// can count each from the start: decode, too_large, and invalid:<path> for the
+// mapped paths.
+func (c *Compiled) Reasons() []codec.Reason {
+	d := c.dec
+	out := []codec.Reason{codec.ReasonDecode, codec.ReasonTooLarge, d.eventID.reason, d.entityID.reason}
+	if d.amount.slot >= 0 {
+		out = append(out, d.amount.reason)
+	}
+	out = append(out, d.eventTime.reason)
+	// Two uses may map one path (an id that is also the amount): list it once.
+	seen := map[codec.Reason]bool{}
+	uniq := out[:0]
+	for _, r := range out {
+		if !seen[r] {
+			seen[r] = true
+			uniq = append(uniq, r)
+		}
+	}
+	return uniq
+}
+
+func (r *idRef) read(value []byte, vals []val) (string, *codec.Rejection) {
 	v := &vals[r.slot]
 	if !v.set {
 		return "", &codec.Rejection{Reason: r.reason, Detail: r.path + " is null"}
@@ -672,7 +720,7 @@ func (r *idRef) read(value []byte, vals *[MaxPaths]val) (string, *codec.Rejectio
 	return string(value[v.off : v.off+v.ln]), nil
 }
 
-func (r *timeRef) read(vals *[MaxPaths]val) (int64, *codec.Rejection) {
+func (r *timeRef) read(vals []val) (int64, *codec.Rejection) {
 	v := &vals[r.slot]
 	if !v.set {
 		return 0, &codec.Rejection{Reason: r.reason, Detail: r.path + " is null"}
@@ -689,7 +737,7 @@ func (r *timeRef) read(vals *[MaxPaths]val) (int64, *codec.Rejection) {
 	return ms, nil
 }
 
-func (r *amountRef) read(value []byte, vals *[MaxPaths]val) (int64, *codec.Rejection) {
+func (r *amountRef) read(value []byte, vals []val) (int64, *codec.Rejection) {
 	v := &vals[r.slot]
 	if !v.set {
 		return 0, &codec.Rejection{Reason: r.reason, Detail: r.path + " is null"}
@@ -730,7 +778,7 @@ func (r *amountRef) describe(value []byte, v *val) string {
 	return strconv.FormatFloat(math.Float64frombits(uint64(v.n)), 'g', -1, 64)
 }
 
-func (f *cfilter) match(value []byte, vals *[MaxPaths]val) bool {
+func (f *cfilter) match(value []byte, vals []val) bool {
 	for k := range f.preds {
 		if !f.preds[k].match(value, vals) {
 			return false
@@ -739,7 +787,7 @@ func (f *cfilter) match(value []byte, vals *[MaxPaths]val) bool {
 	return true
 }
 
-func (p *cpred) match(value []byte, vals *[MaxPaths]val) bool {
+func (p *cpred) match(value []byte, vals []val) bool {
 	v := &vals[p.slot]
 	if p.kind == predNull {
 		return v.set != p.isNull
@@ -775,7 +823,7 @@ func (p *cpred) match(value []byte, vals *[MaxPaths]val) bool {
 	return false
 }
 
-func (r *distinctRef) hash(value []byte, vals *[MaxPaths]val) (uint64, bool) {
+func (r *distinctRef) hash(value []byte, vals []val) (uint64, bool) {
 	v := &vals[r.slot]
 	if !v.set {
 		return 0, false

@@ -1,9 +1,11 @@
 package definition
 
 import (
+	"fmt"
 	"math"
 	"math/big"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -164,6 +166,18 @@ func TestDecodeExample(t *testing.T) {
 	}
 	if want := []uint64{1 << 2, 0, 0}; !equalExt(tx.Ext, want) {
 		t.Fatalf("approved, card present, no merchant: ext %x, want %x", tx.Ext, want)
+	}
+	// YAML writes booleans as true, True or TRUE; all mean the same.
+	for _, lit := range []string{"True", "TRUE", "true"} {
+		src := strings.Replace(base, "features:\n", "features:\n  - {name: cnp, agg: count, windows: [1h], where: [{field: card_present, eq: "+lit+"}, {field: merchant, is_null: TRUE}]}\n", 1)
+		cb := mustCompile(t, mustParse(t, "b.yaml", src), exampleSchema(t))
+		rec2 := exampleRecord()
+		rec2["merchant"] = nil
+		rec2["card_present"] = true
+		var tb codec.Transaction
+		if rej := cb.Decoder().Decode(encodeExample(t, rec2), 0, false, &tb); rej != nil || len(tb.Ext) != 1 || tb.Ext[0] != 1 {
+			t.Fatalf("eq: %s on card_present true, is_null: TRUE on a null merchant: %v %x", lit, rej, tb.Ext)
+		}
 	}
 	rec["amount"] = big.NewRat(49999, 100)
 	if rej := c.Decoder().Decode(encodeExample(t, rec), 0, false, &tx); rej != nil || tx.Ext[0] != 0 || tx.AmountMinor != 49999 {
@@ -437,5 +451,60 @@ func TestHashGolden(t *testing.T) {
 		if tc.got != tc.want {
 			t.Errorf("case %d: hash %#x, want %#x", i, tc.got, tc.want)
 		}
+	}
+}
+
+// One decoder serves every partition at once (the registry shares it).
+func TestDecoderConcurrent(t *testing.T) {
+	d, err := LoadFile("../../examples/features/card_features.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := mustCompile(t, d, exampleSchema(t))
+	values := make([][]byte, 8)
+	want := make([]codec.Transaction, 8)
+	for i := range values {
+		rec := exampleRecord()
+		rec["txn_id"] = "t-" + strings.Repeat("x", i)
+		rec["merchant"] = goavro.Union("com.example.payments.Merchant", map[string]any{"id": "m-" + strings.Repeat("y", i), "mcc": "5411", "country": nil})
+		values[i] = encodeExample(t, rec)
+		if rej := c.Decoder().Decode(values[i], 0, false, &want[i]); rej != nil {
+			t.Fatal(rej)
+		}
+	}
+	done := make(chan error, 4)
+	for g := 0; g < 4; g++ {
+		go func() {
+			var tx codec.Transaction
+			for n := 0; n < 2000; n++ {
+				i := (n + g) % len(values)
+				if rej := c.Decoder().Decode(values[i], 0, false, &tx); rej != nil || !equalTx(tx, want[i]) {
+					done <- fmt.Errorf("goroutine %d record %d: %v %+v", g, i, rej, tx)
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	for g := 0; g < 4; g++ {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestReasons(t *testing.T) {
+	d, err := LoadFile("../../examples/features/card_features.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := mustCompile(t, d, exampleSchema(t))
+	want := []codec.Reason{"decode", "too_large", "invalid:txn_id", "invalid:card.id", "invalid:amount", "invalid:ts"}
+	if got := c.Reasons(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("reasons %v, want %v", got, want)
+	}
+	c2 := mustCompile(t, mustParse(t, "i.yaml", wideIntDef), wideSchema)
+	if got, want := c2.Reasons(), []codec.Reason{"decode", "too_large", "invalid:who.inner.code", "invalid:label", "invalid:t"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("reasons %v, want %v", got, want)
 	}
 }

@@ -253,34 +253,34 @@ func (p *parser) errf(n *yaml.Node, field, format string, args ...any) error {
 }
 
 // mapping checks that n is a mapping whose keys are all in allowed, each once,
-// and returns key → value node and key → key node.
-func (p *parser) mapping(n *yaml.Node, field string, allowed ...string) (map[string]*yaml.Node, map[string]*yaml.Node, error) {
+// and returns key → value node.
+func (p *parser) mapping(n *yaml.Node, field string, allowed ...string) (map[string]*yaml.Node, error) {
 	if err := p.noAlias(n, field); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if n.Kind != yaml.MappingNode {
-		return nil, nil, p.errf(n, field, "want a mapping, got %s", kindName(n))
+		return nil, p.errf(n, field, "want a mapping, got %s", kindName(n))
 	}
 	vals := make(map[string]*yaml.Node, len(n.Content)/2)
 	keys := make(map[string]*yaml.Node, len(n.Content)/2)
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
 		if k.Kind != yaml.ScalarNode {
-			return nil, nil, p.errf(k, field, "keys must be plain names")
+			return nil, p.errf(k, field, "keys must be plain names")
 		}
 		kf := join(field, k.Value)
 		if !contains(allowed, k.Value) {
-			return nil, nil, p.errf(k, kf, "unknown key; allowed here: %s", strings.Join(allowed, ", "))
+			return nil, p.errf(k, kf, "unknown key; allowed here: %s", strings.Join(allowed, ", "))
 		}
 		if prev, dup := keys[k.Value]; dup {
-			return nil, nil, p.errf(k, kf, "duplicate key (first at line %d)", prev.Line)
+			return nil, p.errf(k, kf, "duplicate key (first at line %d)", prev.Line)
 		}
 		if err := p.noAlias(v, kf); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		vals[k.Value], keys[k.Value] = v, k
 	}
-	return vals, keys, nil
+	return vals, nil
 }
 
 func (p *parser) noAlias(n *yaml.Node, field string) error {
@@ -360,7 +360,7 @@ func (p *parser) definition(doc *yaml.Node) (*Definition, error) {
 		return nil, p.errf(doc, "", "empty file; a definition needs input, windows and features")
 	}
 	root := doc.Content[0]
-	top, keys, err := p.mapping(root, "", "version", "input", "windows", "features")
+	top, err := p.mapping(root, "", "version", "input", "windows", "features")
 	if err != nil {
 		return nil, err
 	}
@@ -378,7 +378,6 @@ func (p *parser) definition(doc *yaml.Node) (*Definition, error) {
 			return nil, p.errf(v, "version", "longer than 128 bytes")
 		}
 	}
-	_ = keys
 	if err := p.input(top["input"], &d.Input); err != nil {
 		return nil, err
 	}
@@ -392,7 +391,7 @@ func (p *parser) definition(doc *yaml.Node) (*Definition, error) {
 }
 
 func (p *parser) input(n *yaml.Node, in *Input) error {
-	m, keys, err := p.mapping(n, "input", "schema", "event_id", "entity_id", "event_time", "amount", "amount_exponent", "double_rounding")
+	m, err := p.mapping(n, "input", "schema", "event_id", "entity_id", "event_time", "amount", "amount_exponent", "double_rounding")
 	if err != nil {
 		return err
 	}
@@ -400,7 +399,6 @@ func (p *parser) input(n *yaml.Node, in *Input) error {
 	for k, v := range m {
 		in.pos[k] = pos{v.Line, v.Column}
 	}
-	_ = keys
 	for _, req := range []string{"event_id", "entity_id", "event_time"} {
 		if m[req] == nil {
 			return p.errf(n, "input."+req, "missing; give the dot path of the field in the writer schema")
@@ -554,7 +552,7 @@ func (p *parser) features(n *yaml.Node, d *Definition) error {
 }
 
 func (p *parser) feature(n *yaml.Node, field string, d *Definition, filters, distincts map[string]int) (Feature, error) {
-	m, _, err := p.mapping(n, field, "name", "agg", "windows", "field", "where", "max_exact")
+	m, err := p.mapping(n, field, "name", "agg", "windows", "field", "where", "max_exact")
 	if err != nil {
 		return Feature{}, err
 	}
@@ -693,7 +691,7 @@ func (p *parser) filter(n *yaml.Node, field string) (Filter, error) {
 	keys := make([]string, 0, len(items))
 	for i, it := range items {
 		pf := index(field, i)
-		m, _, err := p.mapping(it, pf, append([]string{"field"}, predicateOps...)...)
+		m, err := p.mapping(it, pf, append([]string{"field"}, predicateOps...)...)
 		if err != nil {
 			return Filter{}, err
 		}
@@ -728,7 +726,7 @@ func (p *parser) filter(n *yaml.Node, field string) (Filter, error) {
 			if opNode.Kind != yaml.ScalarNode || opNode.ShortTag() != "!!bool" {
 				return Filter{}, p.errf(opNode, of, "want true or false, got %s", kindName(opNode))
 			}
-			pr.IsNull = opNode.Value == "true"
+			pr.IsNull = strings.EqualFold(opNode.Value, "true") // YAML 1.2 also writes True and TRUE
 		case OpIn, OpNotIn:
 			vals, err := p.seq(opNode, of)
 			if err != nil {
@@ -774,7 +772,11 @@ func (pr Predicate) canonical() string {
 	}
 	vals := make([]string, len(pr.Values))
 	for i, v := range pr.Values {
-		vals[i] = v.Tag + strconv.Quote(v.Text)
+		text := v.Text
+		if v.Tag == "!!bool" {
+			text = strings.ToLower(text) // True and true are one constant
+		}
+		vals[i] = v.Tag + strconv.Quote(text)
 	}
 	if pr.Op == OpIn || pr.Op == OpNotIn {
 		sort.Strings(vals)

@@ -26,8 +26,14 @@ const (
 )
 
 // hashTagged hashes tag ‖ p. Values up to 255 bytes are assembled on the
-// stack; longer ones stream through a Hasher, which gives the same hash.
+// stack (in a buffer of 32 or 256 bytes); longer ones stream through a Hasher, which gives the same hash.
 func hashTagged(tag byte, p []byte) uint64 {
+	if len(p) < 32 { // ids and codes: a smaller buffer to zero
+		var buf [32]byte
+		buf[0] = tag
+		n := copy(buf[1:], p)
+		return xxh3.Hash(buf[:1+n])
+	}
 	if len(p) < 256 {
 		var buf [256]byte
 		buf[0] = tag

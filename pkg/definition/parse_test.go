@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/linkedin/goavro/v2"
+
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/window"
 )
@@ -198,3 +200,45 @@ func TestExampleFilesAreInSync(t *testing.T) {
 }
 
 var limitsForTest = codec.Limits{}
+
+// The examples in docs/features.md are the real thing: the YAML block is the
+// example file (same hash), and the JSON block parses and compiles.
+func TestDocsExamples(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/features.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := map[string][]string{}
+	for rest := string(doc); ; {
+		i := strings.Index(rest, "```")
+		if i < 0 {
+			break
+		}
+		rest = rest[i+3:]
+		nl := strings.IndexByte(rest, '\n')
+		lang := rest[:nl]
+		end := strings.Index(rest, "```")
+		blocks[lang] = append(blocks[lang], rest[nl+1:end])
+		rest = rest[end+3:]
+	}
+	if len(blocks["yaml"]) != 1 || len(blocks["json"]) != 2 {
+		t.Fatalf("docs/features.md has %d yaml and %d json blocks; this test expects 1 and 2", len(blocks["yaml"]), len(blocks["json"]))
+	}
+	file, err := LoadFile("../../examples/features/card_features.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inDoc := mustParse(t, "features.md", blocks["yaml"][0])
+	if inDoc.Hash() != file.Hash() || !reflect.DeepEqual(inDoc.Spec(), file.Spec()) {
+		t.Fatal("the YAML example in docs/features.md differs from examples/features/card_features.yaml")
+	}
+	j := mustParse(t, "features.md", blocks["json"][1])
+	if _, err := Compile(j, exampleSchema(t), codec.Limits{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := goavroCodec(blocks["json"][0]); err != nil {
+		t.Fatalf("the abridged schema in docs/features.md does not parse: %v", err)
+	}
+}
+
+func goavroCodec(schema string) (*goavro.Codec, error) { return goavro.NewCodec(schema) }

@@ -272,7 +272,7 @@ func (r *refDecoder) holds(pr Predicate, v any) bool {
 		}
 		return in != (pr.Op == OpNe || pr.Op == OpNotIn)
 	case bool:
-		return (x == (pr.Values[0].Text == "true")) != (pr.Op == OpNe)
+		return (x == (strings.EqualFold(pr.Values[0].Text, "true"))) != (pr.Op == OpNe)
 	}
 	var val *big.Rat
 	switch x := v.(type) {

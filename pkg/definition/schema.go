@@ -120,14 +120,23 @@ func (p *schemaParser) parse(v any, ns string) (*node, error) {
 		if k, ok := primitives[t]; ok {
 			return &node{kind: k}, nil
 		}
-		full := t
+		// A short name means the type in the enclosing namespace (the Avro
+		// specification) but goavro looks for the name as written first. When
+		// both exist and differ, the two readings disagree, so the schema is
+		// refused rather than read one way or the other.
+		asWritten, okWritten := p.named[t]
+		var inNS *node
+		okNS := false
 		if !strings.Contains(t, ".") && ns != "" {
-			if n, ok := p.named[ns+"."+t]; ok {
-				return n, nil
-			}
+			inNS, okNS = p.named[ns+"."+t]
 		}
-		if n, ok := p.named[full]; ok {
-			return n, nil
+		switch {
+		case okWritten && okNS && asWritten != inNS:
+			return nil, fmt.Errorf("type name %q is ambiguous: it can mean %s or %s; write the full name", t, t, ns+"."+t)
+		case okNS:
+			return inNS, nil
+		case okWritten:
+			return asWritten, nil
 		}
 		return nil, fmt.Errorf("unknown type name %q", t)
 	case []any:

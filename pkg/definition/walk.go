@@ -29,6 +29,7 @@ const (
 	errIntOverflow
 	errBlockCount
 	errTooDeep
+	errDuplicateKey
 )
 
 func (e walkErr) String() string {
@@ -51,6 +52,8 @@ func (e walkErr) String() string {
 		return "int value overflows 32 bits"
 	case errBlockCount:
 		return "array or map block count out of range"
+	case errDuplicateKey:
+		return "map has a duplicate key"
 	case errTooDeep:
 		return "nesting deeper than " + strconv.Itoa(maxDepth)
 	}
@@ -136,6 +139,9 @@ const (
 type step struct {
 	op       stepOp
 	typ      *node // skip: the field's type; leaf: its non-null type
+	kind     kind  // leaf: typ.kind, size and symbol count, kept here so that
+	size     int   // reading a leaf does not chase typ
+	nsym     int64
 	nullable bool  // the field is a [null, T] union: read the branch first
 	nullIdx  int64 // that union's null branch
 	slot     int   // leaf: where the value goes; record: -1, or the slot that records its presence
@@ -148,7 +154,7 @@ type plan struct {
 }
 
 // walk reads one record of pl at b[i:]; on failure it names the field.
-func walk(b []byte, i int, pl *plan, vals *[MaxPaths]val, depth int) (int, walkErr, string) {
+func walk(b []byte, i int, pl *plan, vals []val, depth int) (int, walkErr, string) {
 	if depth > maxDepth {
 		return i, errTooDeep, ""
 	}
@@ -186,16 +192,16 @@ func walk(b []byte, i int, pl *plan, vals *[MaxPaths]val, depth int) (int, walkE
 			}
 			continue
 		}
-		if i, e = readLeaf(b, i, st.typ, &vals[st.slot]); e != errNone {
+		if i, e = readLeaf(b, i, st, &vals[st.slot]); e != errNone {
 			return i, e, st.label
 		}
 	}
 	return i, errNone, ""
 }
 
-func readLeaf(b []byte, i int, n *node, v *val) (int, walkErr) {
+func readLeaf(b []byte, i int, st *step, v *val) (int, walkErr) {
 	var e walkErr
-	switch n.kind {
+	switch st.kind {
 	case kBoolean:
 		if i >= len(b) {
 			return i, errTruncated
@@ -211,7 +217,7 @@ func readLeaf(b []byte, i int, n *node, v *val) (int, walkErr) {
 		v.n, i, e = readLong(b, i)
 	case kEnum:
 		v.n, i, e = readLong(b, i)
-		if e == errNone && (v.n < 0 || v.n >= int64(len(n.symbols))) {
+		if e == errNone && (v.n < 0 || v.n >= st.nsym) {
 			return i, errBadEnumIndex
 		}
 	case kFloat:
@@ -234,14 +240,14 @@ func readLeaf(b []byte, i int, n *node, v *val) (int, walkErr) {
 		v.off, v.ln = uint32(j), uint32(ln)
 		i = j + ln
 	case kFixed:
-		if len(b)-i < n.size {
+		if len(b)-i < st.size {
 			return i, errTruncated
 		}
-		v.off, v.ln = uint32(i), uint32(n.size)
-		i += n.size
+		v.off, v.ln = uint32(i), uint32(st.size)
+		i += st.size
 	default:
 		// Compile only makes leaves of the kinds above.
-		panic("definition: leaf of kind " + n.kind.String())
+		panic("definition: leaf of kind " + st.kind.String())
 	}
 	if e != errNone {
 		return i, e
@@ -316,7 +322,56 @@ func skip(b []byte, i int, n *node, depth int) (int, walkErr) {
 	return i, e
 }
 
+// mapKeys remembers the keys of one map being skipped, because goavro refuses
+// a map with a duplicate key (within or across blocks) and the walker accepts
+// what goavro accepts. The first smallKeys keys are compared in place, without
+// allocating; a larger map moves to a Go map.
+type mapKeys struct {
+	small [smallKeys][2]uint32 // offset, length
+	n     int
+	big   map[string]struct{}
+}
+
+const smallKeys = 16
+
+// add records b[off:off+ln] and reports whether it was new.
+func (k *mapKeys) add(b []byte, off, ln int) bool {
+	key := b[off : off+ln]
+	if k.big != nil {
+		if _, dup := k.big[string(key)]; dup {
+			return false
+		}
+		k.big[string(key)] = struct{}{}
+		return true
+	}
+	for _, s := range k.small[:k.n] {
+		if string(b[s[0]:s[0]+s[1]]) == string(key) {
+			return false
+		}
+	}
+	if k.n < smallKeys {
+		k.small[k.n] = [2]uint32{uint32(off), uint32(ln)}
+		k.n++
+		return true
+	}
+	k.big = make(map[string]struct{}, 2*smallKeys)
+	for _, s := range k.small[:k.n] {
+		k.big[string(b[s[0]:s[0]+s[1]])] = struct{}{}
+	}
+	k.big[string(key)] = struct{}{}
+	return true
+}
+
 func skipBlocks(b []byte, i int, n *node, depth int) (int, walkErr) {
+	if n.kind == kMap {
+		var keys mapKeys
+		return skipItems(b, i, n, depth, &keys)
+	}
+	return skipItems(b, i, n, depth, nil)
+}
+
+// skipItems skips the blocks of an array, or of a map with keys (non-nil).
+func skipItems(b []byte, i int, n *node, depth int, keys *mapKeys) (int, walkErr) {
 	limit := maxBlockCount()
 	for {
 		count, j, e := readLong(b, i)
@@ -346,6 +401,9 @@ func skipBlocks(b []byte, i int, n *node, depth int) (int, walkErr) {
 				var ln int
 				if ln, i, e = readLen(b, i); e != errNone {
 					return i, e
+				}
+				if !keys.add(b, i, ln) {
+					return i, errDuplicateKey
 				}
 				i += ln
 			}

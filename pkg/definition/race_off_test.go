@@ -1,0 +1,5 @@
+//go:build !race
+
+package definition
+
+const raceEnabled = false
