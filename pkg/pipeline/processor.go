@@ -171,11 +171,11 @@ func New(cfg Config, next int64) (*Processor, error) {
 	if cfg.Decoder == nil {
 		return nil, errors.New("pipeline: Config.Decoder is required")
 	}
-	if len(cfg.Specs) == 0 {
-		return nil, errors.New("pipeline: at least one window spec is required")
-	}
 	if err := checkFeatures(&cfg); err != nil {
 		return nil, err
+	}
+	if len(cfg.Specs) == 0 {
+		return nil, errors.New("pipeline: at least one window spec is required")
 	}
 	stage, err := watermark.New(cfg.Watermark)
 	if err != nil {
@@ -384,7 +384,8 @@ const HintDistance = 6
 // window hints instead. It never changes anything.
 func (p *Processor) Hint(key, value []byte, distance int) {
 	far := distance > HintDistance
-	if far {
+	// PeekEventID reads our Transaction layout; a definition's schema has its own.
+	if far && p.fstate == nil {
 		if id, ok := codec.PeekEventID(value); ok {
 			p.stage.PrefetchID(id)
 		}
