@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -19,8 +20,10 @@ import (
 
 	"github.com/linkedin/goavro/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/velocity-consumer/velocity-consumer/integration/kafkatest"
+	"github.com/velocity-consumer/velocity-consumer/internal/srtest"
 	"github.com/velocity-consumer/velocity-consumer/internal/streamtest"
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/definition"
@@ -353,4 +356,145 @@ func runFeaturesReference(t *testing.T, def, input, topic string, partition int3
 		got[r.Offset] = r
 	}
 	return got
+}
+
+// TestFeatureDefinitionWithRegistry replays a topic in the Confluent wire format
+// under a definition: each record's writer schema comes from the registry and is
+// compiled by the definition's mapping, and the features go out under the
+// schema generated from the definition, registered under the output subject.
+// What it publishes equals the independent reference.
+func TestFeatureDefinitionWithRegistry(t *testing.T) {
+	t.Parallel()
+	requireReference(t)
+	addr := kafkatest.Broker(t)
+	bin := replayBinary(t)
+	reg := srtest.Start(t)
+	schema, err := os.ReadFile(cardSchemaPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	def, err := definition.LoadFile(cardDefinitionPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, err := definition.EngineSpec(def)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := kafkatest.Context(t, 3*time.Minute)
+	rcl, err := sr.NewClient(sr.URLs(reg.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := kafkatest.CreateTopic(t, addr, 1, nil)
+	ss, err := rcl.CreateSchema(ctx, in+"-value", sr.Schema{Schema: string(schema), Type: sr.TypeAvro})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := streamtest.CardStream(streamtest.CardStreamConfig{Seed: 31, N: 1500, Cards: 30, HotShare: 0.1, Merchants: 40, HotDistinct: 200, Lateness: time.Second})
+	values, err := streamtest.EncodeCards(string(schema), recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var batch []*kgo.Record
+	for _, v := range values {
+		wire := append([]byte{0, 0, 0, 0, 0}, v...)
+		binary.BigEndian.PutUint32(wire[1:], uint32(ss.ID))
+		batch = append(batch, &kgo.Record{Topic: in, Value: wire})
+	}
+	if err := kafkatest.Produce(ctx, replayProducer(t, addr), batch...); err != nil {
+		t.Fatal(err)
+	}
+	out, dlq := kafkatest.CreateTopic(t, addr, 1, nil), kafkatest.CreateTopic(t, addr, 1, nil)
+	args := []string{"replay", "--brokers", addr, "--input-topic", in, "--output", "topic:" + out, "--dlq", "topic:" + dlq,
+		"--schema-registry", reg.URL(), "--features", cardDefinitionPath, "--allowed-lateness", "0s", "--quiet", "--log-level", "warn"}
+	if o, err := exec.CommandContext(ctx, bin, args...).CombinedOutput(); err != nil {
+		t.Fatalf("replay: %v\n%s", err, o)
+	}
+
+	registered, err := rcl.SchemaByVersion(ctx, out+"-value", -1)
+	if err != nil {
+		t.Fatalf("the output subject %s-value: %v", out, err)
+	}
+	gen := feature.AvroSchema(spec)
+	outCodec, err := goavro.NewCodec(gen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	regCodec, err := goavro.NewCodec(registered.Schema.Schema)
+	if err != nil || regCodec.CanonicalSchema() != outCodec.CanonicalSchema() {
+		t.Fatalf("registered output schema differs from the definition's generated one (%v):\n%s", err, registered.Schema.Schema)
+	}
+	// Read the outputs: features values carry the generated schema's id.
+	cl := kafkatest.Client(t, addr, kgo.ConsumeTopics(out, dlq), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	rows, dead := map[int64]map[string]any{}, map[int64]string{}
+	for len(rows)+len(dead) < len(values) {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("read %d features + %d dead letters of %d", len(rows), len(dead), len(values))
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			h := map[string]string{}
+			for _, hd := range r.Headers {
+				h[hd.Key] = string(hd.Value)
+			}
+			if r.Topic == dlq {
+				var o int64
+				fmt.Sscan(h[codec.HeaderSourceOffset], &o)
+				dead[o] = h[codec.HeaderReason]
+				return
+			}
+			if len(r.Value) < 5 || r.Value[0] != 0 || int(binary.BigEndian.Uint32(r.Value[1:5])) != registered.ID {
+				t.Fatalf("features value at %d does not start with the wire prefix of schema id %d: % x", r.Offset, registered.ID, r.Value[:min(5, len(r.Value))])
+			}
+			nat, rest, err := outCodec.NativeFromBinary(r.Value[5:])
+			if err != nil || len(rest) != 0 {
+				t.Fatalf("features value at %d: %v", r.Offset, err)
+			}
+			row := flatNative(nat.(map[string]any))
+			rows[row["source_offset"].(int64)] = row
+		})
+	}
+	file := filepath.Join(t.TempDir(), "in.avro")
+	f, err := os.Create(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := streamtest.WriteCardOCF(f, string(schema), recs); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	bad := 0
+	for off, want := range runFeaturesReference(t, cardDefinitionPath, file, in, 0) {
+		switch got := rows[off]; {
+		case want.Dead != "":
+			if dead[off] != want.Dead {
+				bad++
+				t.Errorf("offset %d: want a %s dead letter, got %q", off, want.Dead, dead[off])
+			}
+		case got == nil:
+			bad++
+			t.Errorf("offset %d: no features (dead letter %q)", off, dead[off])
+		default:
+			w := maps.Clone(want.Features)
+			for _, name := range []string{"distinct_merchants", "distinct_mcc"} {
+				if got[name+"_exact"] != true {
+					for k := range w {
+						if strings.HasPrefix(k, name+"_") {
+							w[k] = got[k]
+						}
+					}
+				}
+				w[name+"_exact"] = got[name+"_exact"]
+			}
+			if !reflect.DeepEqual(got, w) {
+				bad++
+				t.Errorf("offset %d:\n got %v\nwant %v", off, got, w)
+			}
+		}
+		if bad > 10 {
+			t.Fatal("too many mismatches")
+		}
+	}
+	t.Logf("%d wire-format records: %d features under registered schema id %d, %d dead letters; all equal the reference", len(values), len(rows), registered.ID, len(dead))
 }

@@ -133,7 +133,7 @@ func runReplay(ctx context.Context, r *replayFlags, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
-	if reg != nil && r.inputFile == "" && st.writerSchema != "" {
+	if reg != nil && r.inputFile == "" && r.pipe.writerSchema != "" {
 		return errors.New("--writer-schema and --schema-registry exclude each other: with a registry, each record names its writer schema")
 	}
 
