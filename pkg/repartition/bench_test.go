@@ -3,8 +3,26 @@ package repartition
 import (
 	"fmt"
 	"math/rand/v2"
+	"syscall"
 	"testing"
 )
+
+// cpuNanos is the process's user + system CPU time: on the shared, loaded machine
+// wall time per op moves several-fold between runs, CPU time much less, so each
+// benchmark also reports cpu-ns/op.
+func cpuNanos() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Utime.Nano() + ru.Stime.Nano()
+}
+
+func reportCPU(b *testing.B, cpu0 int64) {
+	if b.N > 0 {
+		b.ReportMetric(float64(cpuNanos()-cpu0)/float64(b.N), "cpu-ns/op")
+	}
+}
 
 // benchStream is a repartition partition's arrival order from k sources, each sending
 // its events in order with its own time as the watermark (the common case), 2 feature
@@ -75,9 +93,11 @@ func BenchmarkMerger(b *testing.B) {
 				b.ReportAllocs()
 				b.ResetTimer()
 				released = 0
+				cpu0 := cpuNanos()
 				for b.Loop() {
 					one()
 				}
+				reportCPU(b, cpu0)
 				b.ReportMetric(float64(pending), "pending")
 				if released == 0 {
 					b.Fatal("nothing released")
@@ -94,20 +114,24 @@ func BenchmarkRecord(b *testing.B) {
 		dst := make([]byte, 0, 128)
 		b.ReportAllocs()
 		b.SetBytes(int64(len(buf)))
+		cpu0 := cpuNanos()
 		for b.Loop() {
 			dst, _ = AppendRecord(dst[:0], &r)
 		}
+		reportCPU(b, cpu0)
 	})
 	b.Run("decode", func(b *testing.B) {
 		var d Decoder
 		var out Record
 		b.ReportAllocs()
 		b.SetBytes(int64(len(buf)))
+		cpu0 := cpuNanos()
 		for b.Loop() {
 			if err := d.Decode(buf, &out); err != nil {
 				b.Fatal(err)
 			}
 		}
+		reportCPU(b, cpu0)
 	})
 }
 

@@ -86,10 +86,14 @@ type Stats struct {
 
 // Merger is one repartition partition's second stage: see the package documentation.
 type Merger struct {
-	n       int // ExtWords
-	src     []source
-	F       int64 // released frontier: every event below it was released (or is waiting in Ready)
-	dirty   bool  // F rose since the last Ready
+	n     int // ExtWords
+	src   []source
+	F     int64 // released frontier: every event below it was released (or is waiting in Ready)
+	dirty bool  // F rose since the last Ready
+	// minWM is the minimum watermark of the non-idle sources as advance last computed
+	// it (math.MaxInt64 with none). Raising a watermark that was above it cannot change
+	// it, so Offer skips the O(sources) recomputation in that, the common, case.
+	minWM   int64
 	pending int
 	stats   Stats
 	outExt  []uint64 // Ext of the events the last Ready returned
@@ -128,7 +132,7 @@ func New(cfg Config) (*Merger, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	m := &Merger{n: cfg.ExtWords, src: make([]source, cfg.Sources), F: NoWatermark}
+	m := &Merger{n: cfg.ExtWords, src: make([]source, cfg.Sources), F: NoWatermark, minWM: NoWatermark}
 	for i := range m.src {
 		m.src[i].wm = NoWatermark
 	}
@@ -147,6 +151,7 @@ func (m *Merger) Offer(r *Record) (Verdict, error) {
 		return 0, ErrUnknownSource
 	}
 	s := &m.src[r.Source]
+	oldWM, oldIdle := s.wm, s.idle
 	var v Verdict
 	switch r.Kind {
 	case KindEvent:
@@ -180,7 +185,9 @@ func (m *Merger) Offer(r *Record) (Verdict, error) {
 		s.wm = r.Watermark
 		s.prune()
 	}
-	m.advance()
+	if s.idle != oldIdle || s.wm != oldWM && oldWM <= m.minWM {
+		m.advance()
+	}
 	return v, nil
 }
 
@@ -285,13 +292,8 @@ func (s *source) prune() {
 // advance raises F to the minimum watermark of the non-idle sources; with every source
 // idle, to just past the newest pending event, so that all of them are released.
 func (m *Merger) advance() {
-	cand, active := int64(math.MaxInt64), false
-	for i := range m.src {
-		if s := &m.src[i]; !s.idle {
-			active = true
-			cand = min(cand, s.wm)
-		}
-	}
+	cand, active := m.activeMin()
+	m.minWM = cand
 	if !active {
 		if m.pending == 0 {
 			return
@@ -310,6 +312,19 @@ func (m *Merger) advance() {
 	}
 }
 
+// activeMin returns the minimum watermark of the non-idle sources (math.MaxInt64 and
+// false with none).
+func (m *Merger) activeMin() (int64, bool) {
+	cand, active := int64(math.MaxInt64), false
+	for i := range m.src {
+		if s := &m.src[i]; !s.idle {
+			active = true
+			cand = min(cand, s.wm)
+		}
+	}
+	return cand, active
+}
+
 // Ready appends to dst, in (EventTime, Source, Offset) order, every pending event
 // below the frontier, and returns dst. The events' Ext slices point into a buffer of
 // the Merger that the next Ready reuses: copy them to keep them. It does not allocate
@@ -323,36 +338,51 @@ func (m *Merger) Ready(dst []Event) []Event {
 	m.outExt = m.outExt[:0]
 	n := m.n
 	for {
-		best := -1
-		var bt, bo int64
+		// Find the source whose head comes first, and the runner-up's head: the best
+		// source's events are then released without another scan until its head
+		// passes the runner-up's (a source that ran ahead releases in one go).
+		best, second := -1, -1
+		var bt, st int64
 		for i := range m.src {
 			s := &m.src[i]
 			if s.qh == len(s.q) {
 				continue
 			}
-			e := &s.q[s.qh]
+			t := s.q[s.qh].t
+			if t >= m.F {
+				continue
+			}
 			// Sources are scanned in index order, so a tie in t goes to the lower source.
-			if e.t < m.F && (best < 0 || e.t < bt) {
-				best, bt, bo = i, e.t, e.off
+			switch {
+			case best < 0 || t < bt:
+				second, st = best, bt
+				best, bt = i, t
+			case second < 0 || t < st:
+				second, st = i, t
 			}
 		}
 		if best < 0 {
 			break
 		}
 		s := &m.src[best]
-		e := &s.q[s.qh]
-		dst = append(dst, Event{Source: int32(best), Offset: bo, EventTime: bt, Topic: e.topic, Key: e.key, EventID: e.id, Amount: e.amount})
-		m.outExt = append(m.outExt, s.ext[s.qh*n:(s.qh+1)*n]...)
-		if bt >= s.wm {
-			// Released at or above its own source's watermark (the idle rule did it):
-			// remember it until the watermark passes it. Release order within one source
-			// is (t, off) ascending, so this is an append unless a late key sits above.
-			j, _ := s.findRel(bt, bo)
-			s.insertRel(j, relKey{bt, bo})
+		for s.qh < len(s.q) {
+			e := &s.q[s.qh]
+			if e.t >= m.F || second >= 0 && (e.t > st || e.t == st && second < best) {
+				break
+			}
+			dst = append(dst, Event{Source: int32(best), Offset: e.off, EventTime: e.t, Topic: e.topic, Key: e.key, EventID: e.id, Amount: e.amount})
+			m.outExt = append(m.outExt, s.ext[s.qh*n:(s.qh+1)*n]...)
+			if e.t >= s.wm {
+				// Released at or above its own source's watermark (the idle rule did it):
+				// remember it until the watermark passes it. Release order within one
+				// source is (t, off) ascending, so this appends unless a late key sits above.
+				j, _ := s.findRel(e.t, e.off)
+				s.insertRel(j, relKey{e.t, e.off})
+			}
+			*e = entry{} // let the strings go
+			s.qh++
+			m.pending--
 		}
-		*e = entry{} // let the strings go
-		s.qh++
-		m.pending--
 		s.compact(n)
 	}
 	if n > 0 {

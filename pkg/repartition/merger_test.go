@@ -297,3 +297,61 @@ func TestSteadyStateAllocations(t *testing.T) {
 		t.Fatalf("%v allocations per Offer+Ready", a)
 	}
 }
+
+// TestWorkedExample plays the tables of docs/repartition.md row by row, then the
+// first table's records in another interleaving, which must release the same sequence.
+func TestWorkedExample(t *testing.T) {
+	x, y, z := hop(1, 0, 1010, 1010), hop(1, 1, 1030, 1030), hop(1, 2, 1200, 1200)
+	a, b, c := hop(0, 0, 1000, 1000), hop(0, 1, 1040, 1040), hop(0, 2, 1100, 1100)
+	d, e := hop(0, 3, 1300, 1300), hop(0, 4, 1450, 1450)
+	rows := []struct {
+		r        Record
+		verdict  Verdict
+		w0, w1   int64
+		idle0    bool
+		F        int64
+		released []string
+	}{
+		{x, Accepted, NoWatermark, 1010, false, NoWatermark, nil},
+		{a, Accepted, 1000, 1010, false, 1000, nil},
+		{b, Accepted, 1040, 1010, false, 1010, []string{"0/0"}},
+		{y, Accepted, 1040, 1030, false, 1030, []string{"1/0"}},
+		{y, Duplicate, 1040, 1030, false, 1030, nil},
+		{mark(0, 1100), Marked, 1100, 1030, false, 1030, nil},
+		{mark(1, 1150), Marked, 1100, 1150, false, 1100, []string{"1/1", "0/1"}},
+		{c, Accepted, 1100, 1150, false, 1100, nil},
+		{z, Accepted, 1100, 1200, false, 1100, nil},
+		{mark(0, 1250), Marked, 1250, 1200, false, 1200, []string{"0/2"}},
+		{idleMark(0, 1250, 0), Marked, 1250, 1200, true, 1200, nil},
+		{mark(1, 1400), Marked, 1250, 1400, true, 1400, []string{"1/2"}},
+		{d, LateAfterIdle, 1300, 1400, false, 1400, nil},
+		{e, Accepted, 1450, 1400, false, 1400, nil},
+	}
+	m, _ := New(Config{Sources: 2})
+	var first []string
+	for i, row := range rows {
+		v, err := m.Offer(&row.r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := released(m.Ready(nil))
+		w0, idle0 := m.Watermark(0)
+		w1, _ := m.Watermark(1)
+		if v != row.verdict || w0 != row.w0 || w1 != row.w1 || idle0 != row.idle0 || m.Frontier() != row.F || len(got)+len(row.released) > 0 && !slices.Equal(got, row.released) {
+			t.Fatalf("row %d: %v w0=%d (idle %v) w1=%d F=%d released %v; the table says %v %d (%v) %d %d %v",
+				i+1, v, w0, idle0, w1, m.Frontier(), got, row.verdict, row.w0, row.idle0, row.w1, row.F, row.released)
+		}
+		if i < 10 {
+			first = append(first, got...)
+		}
+	}
+	m, _ = New(Config{Sources: 2})
+	var other []string
+	for _, r := range []Record{x, y, y, mark(1, 1150), z, a, b, mark(0, 1100), c, mark(0, 1250)} {
+		m.Offer(&r)
+		other = append(other, released(m.Ready(nil))...)
+	}
+	if want := []string{"0/0", "1/0", "1/1", "0/1", "0/2"}; !slices.Equal(first, want) || !slices.Equal(other, want) {
+		t.Fatalf("released %v and %v, want %v", first, other, want)
+	}
+}

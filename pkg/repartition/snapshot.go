@@ -252,6 +252,7 @@ func Restore(cfg Config, data []byte) (*Merger, error) {
 	if rd.err != nil {
 		return nil, bad("%v at byte %d", rd.err, rd.i)
 	}
+	m.minWM, _ = m.activeMin()
 	if used != len(topics) {
 		return nil, bad("%d topics listed, %d used", len(topics), used)
 	}
