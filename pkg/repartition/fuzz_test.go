@@ -1,0 +1,102 @@
+package repartition
+
+import (
+	"bytes"
+	"encoding/binary"
+	"hash/crc32"
+	"slices"
+	"testing"
+)
+
+// FuzzDecodeRecord: Decode never panics, and whatever it accepts is canonical (the
+// encoder writes the same bytes back) and obeys the hop's rules.
+func FuzzDecodeRecord(f *testing.F) {
+	for _, r := range []Record{sampleEvent(), hop(0, 0, 5, 5), mark(3, 99), idleMark(1, NoWatermark, 4)} {
+		b, err := AppendRecord(nil, &r)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte{1, 1})
+	f.Add([]byte{1, 2, 0, 0, 0, 1})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var d Decoder
+		var r Record
+		if err := d.Decode(b, &r); err != nil {
+			return
+		}
+		if r.Kind == KindEvent && (r.Watermark > r.EventTime || r.EventTime > MaxEventTime || r.Key == "" || r.EventID == "") {
+			t.Fatalf("accepted an event breaking the hop's rules: %+v", r)
+		}
+		again, err := AppendRecord(nil, &r)
+		if err != nil {
+			t.Fatalf("decoded %+v, which the encoder refuses: %v", r, err)
+		}
+		if !bytes.Equal(again, b) {
+			t.Fatalf("not canonical: %x re-encodes as %x", b, again)
+		}
+	})
+}
+
+// FuzzRestore: Restore never panics; an image it accepts is written back byte for
+// byte, and the restored Merger goes on working (a drain releases every pending event
+// in order). The fuzzer mutates the image without its checksum and the target seals
+// it, so that mutations reach the parser instead of stopping at the CRC (the refusal
+// of a bad checksum is TestRestoreRefuses').
+func FuzzRestore(f *testing.F) {
+	cfg := Config{Sources: 3, ExtWords: simExtWords}
+	_, recs := snapshotStream(3)
+	m, _ := New(cfg)
+	for i := range recs {
+		if i%97 == 0 {
+			img := m.AppendSnapshot(nil)
+			f.Add(img[:len(img)-4])
+		}
+		m.Offer(&recs[i])
+		if i%3 == 0 {
+			m.Ready(nil)
+		}
+	}
+	// Small images too, so that mutations reach every field quickly.
+	small, _ := New(cfg)
+	for i, r := range []Record{hop(0, 0, 100, 10), hop(0, 1, 110, 10), idleMark(0, 10, 1), mark(1, 200), hop(0, 2, 105, 105), mark(2, 150)} {
+		r.Ext = make([]uint64, simExtWords)
+		if r.Kind == KindMarker {
+			r.Ext = nil
+		}
+		small.Offer(&r)
+		img := small.AppendSnapshot(nil)
+		f.Add(img[:len(img)-4])
+		if i%2 == 1 {
+			small.Ready(nil)
+		}
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		b := binary.LittleEndian.AppendUint32(slices.Clip(body), crc32.Checksum(body, castagnoli))
+		m, err := Restore(cfg, b)
+		if err != nil {
+			return
+		}
+		if again := m.AppendSnapshot(nil); !bytes.Equal(again, b) {
+			t.Fatal("accepted image is not written back identically")
+		}
+		pending := m.Pending()
+		for p := range int32(cfg.Sources) {
+			r := mark(p, 1<<62)
+			if _, err := m.Offer(&r); err != nil {
+				t.Fatal(err)
+			}
+		}
+		out := m.Ready(nil)
+		for i := 1; i < len(out); i++ {
+			a, c := out[i-1], out[i]
+			if a.EventTime > c.EventTime || a.EventTime == c.EventTime && (a.Source > c.Source || a.Source == c.Source && a.Offset >= c.Offset) {
+				t.Fatalf("restored merger released %s before %s", evString(a), evString(c))
+			}
+		}
+		if len(out)+m.Pending() != pending {
+			t.Fatalf("%d released + %d pending != %d restored", len(out), m.Pending(), pending)
+		}
+	})
+}

@@ -1,0 +1,429 @@
+package repartition
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+)
+
+// ReasonLateAfterIdle is the dead-letter reason of an event that reached the second
+// stage after the idle rule had released past its event time (Verdict LateAfterIdle).
+const ReasonLateAfterIdle codec.Reason = "late_after_idle"
+
+// Verdict is what Offer did with a record.
+type Verdict uint8
+
+const (
+	// Accepted: the event is pending and will be released in order.
+	Accepted Verdict = iota
+	// Duplicate: this (Source, Offset) was received before; nothing but the source's
+	// watermark and liveness changed. Count it; it is not a new input.
+	Duplicate
+	// LateAfterIdle: new, but the frontier had passed its event time while its source
+	// was idle. The caller dead-letters it (ReasonLateAfterIdle); a re-send of it is
+	// a Duplicate.
+	LateAfterIdle
+	// Marked: a marker, applied.
+	Marked
+	// StaleIdle: an idle marker from an owner epoch older than the newest seen from
+	// that source: its watermark was applied, its idle flag ignored.
+	StaleIdle
+)
+
+func (v Verdict) String() string {
+	switch v {
+	case Accepted:
+		return "accepted"
+	case Duplicate:
+		return "duplicate"
+	case LateAfterIdle:
+		return "late_after_idle"
+	case Marked:
+		return "marked"
+	case StaleIdle:
+		return "stale_idle"
+	}
+	return fmt.Sprintf("Verdict(%d)", uint8(v))
+}
+
+// Errors of Offer: the record breaks the Merger's configuration or the hop's rules;
+// nothing changed.
+var (
+	ErrUnknownSource = errors.New("repartition: source partition not below the configured source count")
+	ErrExtLen        = errors.New("repartition: event has a different number of feature words than configured")
+)
+
+// Config sizes a Merger. Both fields are part of the snapshot and must match on Restore.
+type Config struct {
+	// Sources is the number of source partitions: the input topic's partition count,
+	// known up front. A source not heard from yet holds every event back.
+	Sources int
+	// ExtWords is len(Event.Ext) of every event of this group (0 without features
+	// that need words), at most MaxExtWords.
+	ExtWords int
+}
+
+// MaxSources bounds Config.Sources (Kafka topics have far fewer partitions).
+const MaxSources = 1 << 16
+
+func (c Config) validate() error {
+	if c.Sources < 1 || c.Sources > MaxSources {
+		return fmt.Errorf("repartition: %d sources; want 1..%d (the input topic's partition count)", c.Sources, MaxSources)
+	}
+	if c.ExtWords < 0 || c.ExtWords > MaxExtWords {
+		return fmt.Errorf("repartition: %d feature words; want 0..%d", c.ExtWords, MaxExtWords)
+	}
+	return nil
+}
+
+// Stats counts what Offer and Ready did since New or Restore (not snapshotted: they
+// are the process's metrics).
+type Stats struct {
+	Accepted, Duplicates, LateAfterIdle, Released, Markers, StaleIdle uint64
+}
+
+// Merger is one repartition partition's second stage: see the package documentation.
+type Merger struct {
+	n     int // ExtWords
+	src   []source
+	F     int64 // released frontier: every event below it was released (or is waiting in Ready)
+	dirty bool  // F rose since the last Ready
+	// minWM is the minimum watermark of the non-idle sources as advance last computed
+	// it (math.MaxInt64 with none). Raising a watermark that was above it cannot change
+	// it, so Offer skips the O(sources) recomputation in that, the common, case.
+	minWM   int64
+	pending int
+	stats   Stats
+	outExt  []uint64 // Ext of the events the last Ready returned
+}
+
+// source is what the Merger keeps per source partition.
+//
+// Invariants (checked by Restore, kept by Offer and Ready):
+//   - q[qh:] is strictly increasing in (t, off), and ext[i*n:(i+1)*n] are q[i]'s words;
+//   - an event is accepted only with t >= F, so q holds events below F only between
+//     an Offer that raised F and the next Ready (dirty is then set);
+//   - rel[rh:] is strictly increasing in (t, off) and every entry has wm <= t < F.
+type source struct {
+	wm    int64 // largest watermark received, NoWatermark before any
+	epoch uint64
+	idle  bool
+	q     []entry
+	qh    int
+	ext   []uint64
+	rel   []relKey
+	rh    int
+}
+
+type entry struct {
+	t, off, amount int64
+	topic, key, id string
+}
+
+type relKey struct{ t, off int64 }
+
+func less(t1, o1, t2, o2 int64) bool { return t1 < t2 || (t1 == t2 && o1 < o2) }
+
+// New returns an empty Merger: every source holds the frontier at NoWatermark until it
+// sends its first record.
+func New(cfg Config) (*Merger, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	m := &Merger{n: cfg.ExtWords, src: make([]source, cfg.Sources), F: NoWatermark, minWM: NoWatermark}
+	for i := range m.src {
+		m.src[i].wm = NoWatermark
+	}
+	return m, nil
+}
+
+// Offer applies one hop record. For an event it decides by the rules of the package
+// documentation (Accepted, Duplicate or LateAfterIdle); for a marker it returns
+// Marked or StaleIdle. Every record, duplicates included, raises its source's
+// watermark to at least its Watermark and ends its source's idleness (an idle marker
+// from the newest epoch starts it). An error means the record breaks the
+// configuration or the hop's rules, and nothing changed. The event's strings are kept
+// by reference until it is released; its Ext words are copied.
+func (m *Merger) Offer(r *Record) (Verdict, error) {
+	if r.Source < 0 || int(r.Source) >= len(m.src) {
+		return 0, ErrUnknownSource
+	}
+	s := &m.src[r.Source]
+	oldWM, oldIdle := s.wm, s.idle
+	var v Verdict
+	switch r.Kind {
+	case KindEvent:
+		if err := checkEvent(r); err != nil {
+			return 0, err
+		}
+		if len(r.Ext) != m.n {
+			return 0, ErrExtLen
+		}
+		v = m.classify(s, r)
+		s.idle = false
+	case KindMarker:
+		v = Marked
+		switch {
+		case !r.Idle:
+			s.idle = false
+		case r.Epoch >= s.epoch:
+			s.idle = true
+		default:
+			v = StaleIdle
+		}
+		m.stats.Markers++
+		if v == StaleIdle {
+			m.stats.StaleIdle++
+		}
+	default:
+		return 0, ErrKind
+	}
+	s.epoch = max(s.epoch, r.Epoch)
+	if r.Watermark > s.wm {
+		s.wm = r.Watermark
+		s.prune()
+	}
+	if s.idle != oldIdle || s.wm != oldWM && oldWM <= m.minWM {
+		m.advance()
+	}
+	return v, nil
+}
+
+// classify decides an event and, if it is new, records it (pending, or counted late).
+func (m *Merger) classify(s *source, r *Record) Verdict {
+	t, off := r.EventTime, r.Offset
+	if t < s.wm { // rule 1: its source promised nothing below wm after sending it
+		m.stats.Duplicates++
+		return Duplicate
+	}
+	i, found := s.find(t, off) // rule 2: still pending
+	if found {
+		m.stats.Duplicates++
+		return Duplicate
+	}
+	if t < m.F { // rule 3: released or dead-lettered at or above wm, or late
+		j, found := s.findRel(t, off)
+		if found {
+			m.stats.Duplicates++
+			return Duplicate
+		}
+		s.insertRel(j, relKey{t, off})
+		m.stats.LateAfterIdle++
+		return LateAfterIdle
+	}
+	s.insert(i, m.n, entry{t: t, off: off, amount: r.Amount, topic: r.Topic, key: r.Key, id: r.EventID}, r.Ext)
+	m.pending++
+	m.stats.Accepted++
+	return Accepted
+}
+
+// find returns where (t, off) is or would go in q (an absolute index).
+func (s *source) find(t, off int64) (int, bool) {
+	if s.qh == len(s.q) || less(s.q[len(s.q)-1].t, s.q[len(s.q)-1].off, t, off) {
+		return len(s.q), false // the in-order case: after the tail
+	}
+	lo, hi := s.qh, len(s.q)
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if e := &s.q[mid]; less(e.t, e.off, t, off) {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	e := &s.q[lo]
+	return lo, e.t == t && e.off == off
+}
+
+func (s *source) insert(i, n int, e entry, ext []uint64) {
+	if i == len(s.q) {
+		s.q = append(s.q, e)
+		s.ext = append(s.ext, ext...)
+		return
+	}
+	s.q = append(s.q, entry{})
+	copy(s.q[i+1:], s.q[i:])
+	s.q[i] = e
+	if n > 0 {
+		s.ext = append(s.ext, ext...) // grow by n words
+		copy(s.ext[(i+1)*n:], s.ext[i*n:])
+		copy(s.ext[i*n:(i+1)*n], ext)
+	}
+}
+
+func (s *source) findRel(t, off int64) (int, bool) {
+	if s.rh == len(s.rel) || less(s.rel[len(s.rel)-1].t, s.rel[len(s.rel)-1].off, t, off) {
+		return len(s.rel), false
+	}
+	lo, hi := s.rh, len(s.rel)
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if k := s.rel[mid]; less(k.t, k.off, t, off) {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	k := s.rel[lo]
+	return lo, k.t == t && k.off == off
+}
+
+func (s *source) insertRel(i int, k relKey) {
+	s.rel = append(s.rel, relKey{})
+	copy(s.rel[i+1:], s.rel[i:])
+	s.rel[i] = k
+}
+
+// prune drops the counted-at-or-above-watermark keys that the watermark now covers.
+func (s *source) prune() {
+	for s.rh < len(s.rel) && s.rel[s.rh].t < s.wm {
+		s.rh++
+	}
+	if s.rh == len(s.rel) {
+		s.rel, s.rh = s.rel[:0], 0
+	} else if s.rh >= 64 && 2*s.rh >= len(s.rel) {
+		s.rel = s.rel[:copy(s.rel, s.rel[s.rh:])]
+		s.rh = 0
+	}
+}
+
+// advance raises F to the minimum watermark of the non-idle sources; with every source
+// idle, to just past the newest pending event, so that all of them are released.
+func (m *Merger) advance() {
+	cand, active := m.activeMin()
+	m.minWM = cand
+	if !active {
+		if m.pending == 0 {
+			return
+		}
+		newest := int64(math.MinInt64)
+		for i := range m.src {
+			if s := &m.src[i]; s.qh < len(s.q) {
+				newest = max(newest, s.q[len(s.q)-1].t)
+			}
+		}
+		cand = newest + 1 // event times are at most MaxEventTime: no overflow
+	}
+	if cand > m.F {
+		m.F = cand
+		m.dirty = true
+	}
+}
+
+// activeMin returns the minimum watermark of the non-idle sources (math.MaxInt64 and
+// false with none).
+func (m *Merger) activeMin() (int64, bool) {
+	cand, active := int64(math.MaxInt64), false
+	for i := range m.src {
+		if s := &m.src[i]; !s.idle {
+			active = true
+			cand = min(cand, s.wm)
+		}
+	}
+	return cand, active
+}
+
+// Ready appends to dst, in (EventTime, Source, Offset) order, every pending event
+// below the frontier, and returns dst. The events' Ext slices point into a buffer of
+// the Merger that the next Ready reuses: copy them to keep them. It does not allocate
+// once its buffers have grown to the largest release.
+func (m *Merger) Ready(dst []Event) []Event {
+	if !m.dirty {
+		return dst
+	}
+	m.dirty = false
+	start := len(dst)
+	m.outExt = m.outExt[:0]
+	n := m.n
+	for {
+		// Find the source whose head comes first, and the runner-up's head: the best
+		// source's events are then released without another scan until its head
+		// passes the runner-up's (a source that ran ahead releases in one go).
+		best, second := -1, -1
+		var bt, st int64
+		for i := range m.src {
+			s := &m.src[i]
+			if s.qh == len(s.q) {
+				continue
+			}
+			t := s.q[s.qh].t
+			if t >= m.F {
+				continue
+			}
+			// Sources are scanned in index order, so a tie in t goes to the lower source.
+			switch {
+			case best < 0 || t < bt:
+				second, st = best, bt
+				best, bt = i, t
+			case second < 0 || t < st:
+				second, st = i, t
+			}
+		}
+		if best < 0 {
+			break
+		}
+		s := &m.src[best]
+		for s.qh < len(s.q) {
+			e := &s.q[s.qh]
+			if e.t >= m.F || second >= 0 && (e.t > st || e.t == st && second < best) {
+				break
+			}
+			dst = append(dst, Event{Source: int32(best), Offset: e.off, EventTime: e.t, Topic: e.topic, Key: e.key, EventID: e.id, Amount: e.amount})
+			m.outExt = append(m.outExt, s.ext[s.qh*n:(s.qh+1)*n]...)
+			if e.t >= s.wm {
+				// Released at or above its own source's watermark (the idle rule did it):
+				// remember it until the watermark passes it. Release order within one
+				// source is (t, off) ascending, so this appends unless a late key sits above.
+				j, _ := s.findRel(e.t, e.off)
+				s.insertRel(j, relKey{e.t, e.off})
+			}
+			*e = entry{} // let the strings go
+			s.qh++
+			m.pending--
+		}
+		s.compact(n)
+	}
+	if n > 0 {
+		for i := start; i < len(dst); i++ {
+			k := i - start
+			dst[i].Ext = m.outExt[k*n : (k+1)*n : (k+1)*n]
+		}
+	}
+	m.stats.Released += uint64(len(dst) - start)
+	return dst
+}
+
+// compact keeps q's popped prefix from growing without bound: empty, it restarts at
+// zero; otherwise it is moved down once the popped part is at least half of it.
+func (s *source) compact(n int) {
+	if s.qh == len(s.q) {
+		s.q, s.ext, s.qh = s.q[:0], s.ext[:0], 0
+		return
+	}
+	if s.qh >= 256 && 2*s.qh >= len(s.q) {
+		k := copy(s.q, s.q[s.qh:])
+		clear(s.q[k:])
+		s.q = s.q[:k]
+		s.ext = s.ext[:copy(s.ext, s.ext[s.qh*n:])]
+		s.qh = 0
+	}
+}
+
+// Frontier returns F: every event below it has been released or is returned by the
+// next Ready; NoWatermark before every source has sent a watermark.
+func (m *Merger) Frontier() int64 { return m.F }
+
+// Pending returns how many events wait for the frontier.
+func (m *Merger) Pending() int { return m.pending }
+
+// Sources returns the configured source count.
+func (m *Merger) Sources() int { return len(m.src) }
+
+// Watermark returns the largest watermark received from source p and whether p is
+// currently left out of the frontier as idle.
+func (m *Merger) Watermark(p int) (wm int64, idle bool) { return m.src[p].wm, m.src[p].idle }
+
+// Stats returns the counters.
+func (m *Merger) Stats() Stats { return m.stats }
