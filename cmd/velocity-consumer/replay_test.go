@@ -46,6 +46,9 @@ func TestReplayFlagErrors(t *testing.T) {
 		{"to start", []string{"--input-topic", "t", "--from", "5", "--to", "start", "--output", filepath.Join(dir, "a.jsonl")}, "is after --to"},
 		{"warm-up after from", []string{"--input-topic", "t", "--from", "100", "--warm-up-from", "150", "--output", filepath.Join(dir, "a.jsonl")}, "--warm-up-from 150 is after --from 100"},
 		{"shared semantics flags are validated", []string{"--input-file", replayExample, "--output", filepath.Join(dir, "a.jsonl"), "--windows", "5m:7s"}, "--windows"},
+		{"no definition file", []string{"--input-file", replayExample, "--output", filepath.Join(dir, "a.jsonl"), "--features", filepath.Join(dir, "none.yaml")}, "--features (VELOCITY_FEATURES)"},
+		{"a definition and --windows", []string{"--input-file", replayExample, "--output", filepath.Join(dir, "a.jsonl"), "--features", cardDefinitionFile, "--windows", "5m:5s"}, "--windows and --features exclude each other"},
+		{"a path the schema lacks", []string{"--input-file", replayExample, "--output", filepath.Join(dir, "a.jsonl"), "--features", "testdata/card_features_bad_path.yaml"}, "card_features_bad_path.yaml:5"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
