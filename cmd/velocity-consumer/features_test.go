@@ -109,7 +109,7 @@ func readJSONObjects(t *testing.T, path string) []map[string]any {
 // reports as an estimate (<feature>_exact false) is only allowed where the
 // reference says the entity held more distinct values than max_exact, and is
 // then checked against the published error bound instead of equality.
-func compareWithReference(t *testing.T, ref map[int64]referenceLine, features, dead map[int64]map[string]any, distinct []string) (exact, estimates int) {
+func compareWithReference(t *testing.T, ref map[int64]referenceLine, features, dead map[int64]map[string]any, distinct map[string]int) (exact, estimates int) {
 	t.Helper()
 	if len(features)+len(dead) != len(ref) {
 		t.Errorf("%d features + %d dead letters for %d input offsets", len(features), len(dead), len(ref))
@@ -130,7 +130,7 @@ func compareWithReference(t *testing.T, ref map[int64]referenceLine, features, d
 			continue
 		}
 		w := maps(want.Features)
-		for _, name := range distinct {
+		for name, maxExact := range distinct {
 			ex, _ := f[name+"_exact"].(bool)
 			w[name+"_exact"] = ex
 			if ex {
@@ -144,7 +144,7 @@ func compareWithReference(t *testing.T, ref map[int64]referenceLine, features, d
 			}
 			for k, v := range w {
 				if strings.HasPrefix(k, name+"_") && k != name+"_exact" {
-					if !withinError(f[k].(int64), v.(int64)) {
+					if !streamtest.DistinctEstimateOK(f[k].(int64), v.(int64), maxExact) {
 						t.Errorf("offset %d: estimate %s = %d, exact %d: beyond the error bound", off, k, f[k], v)
 						bad++
 					}
@@ -161,16 +161,6 @@ func compareWithReference(t *testing.T, ref map[int64]referenceLine, features, d
 		}
 	}
 	return exact, estimates
-}
-
-// withinError is the distinct-count estimate's bound the tests hold it to:
-// docs/feature-outputs.md publishes the error of the sampled count.
-func withinError(est, exact int64) bool {
-	d := est - exact
-	if d < 0 {
-		d = -d
-	}
-	return float64(d) <= 0.5*float64(exact)+4
 }
 
 func maps(m map[string]any) map[string]any {
@@ -222,7 +212,7 @@ func TestFeatureDefinitionReplayEqualsReference(t *testing.T) {
 	for _, m := range readJSONObjects(t, dlq) {
 		dead[m["source_offset"].(int64)] = m
 	}
-	exact, estimates := compareWithReference(t, ref, features, dead, []string{"distinct_merchants", "distinct_mcc"})
+	exact, estimates := compareWithReference(t, ref, features, dead, map[string]int{"distinct_merchants": 64, "distinct_mcc": 16})
 	reasons := map[string]int{}
 	for _, d := range dead {
 		reasons[d["reason"].(string)]++

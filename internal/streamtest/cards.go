@@ -3,6 +3,7 @@ package streamtest
 import (
 	"fmt"
 	"io"
+	"math"
 	"math/big"
 	"math/rand/v2"
 	"time"
@@ -132,4 +133,12 @@ func EncodeCards(schema string, records []map[string]any) ([][]byte, error) {
 		}
 	}
 	return out, nil
+}
+
+// DistinctEstimateOK holds one distinct-count estimate to four times the relative
+// standard error docs/feature-outputs.md publishes, sqrt(2/max_exact), plus two
+// values of slack for small counts.
+func DistinctEstimateOK(est, exact int64, maxExact int) bool {
+	d := math.Abs(float64(est - exact))
+	return d <= 4*math.Sqrt(2/float64(maxExact))*float64(exact)+2
 }
