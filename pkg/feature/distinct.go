@@ -183,18 +183,26 @@ func (s *dset) raise() {
 func (s *dset) count(thr []int64, out []int64) (exact bool) {
 	exact = true
 	for w, t := range thr {
-		var held int64
-		for i := range int(s.n) {
-			if s.unit(i) >= t {
-				held++
+		out[w] = 0
+		if s.shift > 0 && t <= s.dropMax {
+			exact = false
+		}
+		thr[w] = t - s.base // compared with offsets below; thr is the caller's scratch
+	}
+	// One pass over the offsets for every window, two offsets a word.
+	offs := s.buf[int(s.c) : int(s.c)+(int(s.n)+1)/2]
+	for i := range int(s.n) {
+		off := int64(uint32(offs[i>>1] >> (32 * (uint(i) & 1))))
+		for w, t := range thr {
+			if off >= t {
+				out[w]++
 			}
 		}
-		if s.shift == 0 || t > s.dropMax {
-			out[w] = held
-			continue
+	}
+	for w, t := range thr {
+		if s.shift > 0 && t+s.base <= s.dropMax {
+			out[w] = scaled(out[w], s.shift)
 		}
-		exact = false
-		out[w] = scaled(held, s.shift)
 	}
 	return exact
 }
