@@ -2,6 +2,7 @@ package feature
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"syscall"
@@ -296,4 +297,71 @@ func TestMemoryPerEntity(t *testing.T) {
 			}
 		}
 	}
+}
+
+// BenchmarkExtras: AppendExtras (at once: a pause of the partition), BeginExtras and
+// Step (in steps) and Restore of a 100 000-entity State of the 8-feature definition
+// (about 10 events per entity over a day).
+func BenchmarkExtras(b *testing.B) {
+	spec := eightFeatureSpec(b)
+	st, err := NewState(spec, window.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := newBenchStream(100_000, 1<<20, 86_400)
+	row := NewRow(&spec)
+	now := int64(1_800_000_000_000)
+	for i := range s.ent {
+		now += s.step
+		if _, _, err := st.Apply(s.ids[s.ent[i]], now, s.amt[i], s.ext[i][:], row); err != nil {
+			b.Fatal(err)
+		}
+	}
+	tb := st.Table().AppendSnapshot(nil)
+	var ex []byte
+	b.Run("append", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			ex = st.AppendExtras(ex[:0])
+		}
+		b.ReportMetric(float64(len(ex)), "bytes")
+		b.ReportMetric(float64(len(ex))/float64(st.Table().Len()), "bytes/entity")
+	})
+	// In steps: BeginExtras is the one pause that grows with the table (a scan of
+	// the sets for empty ones); each Step(256) is a bounded share.
+	b.Run("begin", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			ps := st.BeginExtras()
+			b.StopTimer()
+			ps.Step(math.MaxInt)
+			st.EndExtras(ps)
+			b.StartTimer()
+		}
+	})
+	b.Run("step-256", func(b *testing.B) {
+		ps := st.BeginExtras()
+		steps := 0
+		b.ReportAllocs()
+		for b.Loop() {
+			if ps.Step(256) {
+				st.EndExtras(ps)
+				ps = st.BeginExtras()
+			}
+			steps++
+		}
+		st.EndExtras(ps)
+	})
+	b.Run("restore", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			base, err := window.RestoreTable(spec.Windows, window.Options{}, tb)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := Restore(spec, window.Options{}, base, ex); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

@@ -156,3 +156,62 @@ func FuzzRestoreExtras(f *testing.F) {
 		}
 	})
 }
+
+// TestExtrasInSteps: a snapshot taken in steps while the State goes on (events for
+// old and new entities, cap evictions, idle sweeps) gives exactly the bytes of the
+// snapshot taken at once when it began, and restores with the table snapshot taken
+// at the same point to a State that goes on as the original would have.
+func TestExtrasInSteps(t *testing.T) {
+	spec := testSpec(t)
+	for _, budget := range []int{1, 7, 100} {
+		opts := window.Options{MaxEntities: 30}
+		st, _ := NewState(spec, opts)
+		g := newStreamGen(uint64(budget), 60)
+		row := NewRow(&spec)
+		for range 5000 {
+			id, _, ts, a, ext := g.next()
+			st.Apply(id, ts, a, ext, row)
+		}
+		want := st.AppendExtras(nil)
+		wantTable := st.Table().AppendSnapshot(nil)
+		tp := st.Table().BeginSnapshot()
+		ps := st.BeginExtras()
+		steps := 0
+		for i := 0; ; i++ {
+			tDone := tp.Step(budget)
+			if ps.Step(budget) && tDone {
+				break
+			}
+			steps++
+			for range 5 {
+				id, _, ts, a, ext := g.next()
+				st.Apply(id, ts, a, ext, row)
+			}
+			if i%20 == 19 {
+				st.EvictIdle(g.now - g.maxDelay)
+			}
+		}
+		got := ps.AppendTo(nil)
+		gotTable := tp.AppendTo(nil)
+		st.Table().EndSnapshot(tp)
+		st.EndExtras(ps)
+		if string(got) != string(want) || string(gotTable) != string(wantTable) {
+			t.Fatalf("budget %d (%d steps): the snapshot in steps differs from the one at its start", budget, steps)
+		}
+		if budget == 1 && steps < 10 {
+			t.Fatalf("only %d steps: the test did not interleave", steps)
+		}
+		base, err := window.RestoreTable(spec.Windows, opts, gotTable)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Restore(spec, opts, base, got); err != nil {
+			t.Fatal(err)
+		}
+		// The State goes on; a second snapshot right away is complete at once.
+		if again := st.AppendExtras(nil); len(again) == 0 {
+			t.Fatal("empty snapshot")
+		}
+		checkInvariants(t, st)
+	}
+}

@@ -33,6 +33,8 @@ type State struct {
 	thr   []int64
 	nv    int // value columns (Row.Values)
 
+	snap *PendingExtras // a snapshot of the extras in steps, or nil
+
 	ftOpts window.Options // the filtered tables' options
 }
 
@@ -171,6 +173,9 @@ func (s *State) evicted(entity string, slot int) {
 	}
 	if nd := len(s.dfs); nd > 0 && (slot+1)*nd <= len(s.sets) {
 		for d := range nd {
+			if s.snap != nil {
+				s.snap.keep(slot*nd + d) // copy before write
+			}
 			s.sets[slot*nd+d].release()
 		}
 	}
@@ -291,6 +296,9 @@ func (s *State) applyDistinct(slot int, eventTime, top int64, ext []uint64, e0 u
 			lo = min(lo, (kt-d.nbs[w]+1)*(b/d.unit))
 		}
 		if (d.filter < 0 || e0&(1<<uint(d.filter)) != 0) && e0&(1<<(32+d.slot)) != 0 {
+			if s.snap != nil {
+				s.snap.keep(slot*nd + di) // copy before write
+			}
 			set.add(ext[1+d.slot], floorDiv(eventTime, d.unit), lo, d.maxExact)
 		}
 		p := &s.feats[d.feat]
@@ -371,6 +379,9 @@ func (s *State) EvictIdle(watermark int64) int {
 			set := &s.sets[i]
 			if set.buf == nil {
 				continue
+			}
+			if s.snap != nil {
+				s.snap.keep(i) // copy before write
 			}
 			set.prune(lo)
 			if set.n == 0 && set.shift == 0 {
