@@ -20,6 +20,8 @@ const (
 	DistinctCount                // number of distinct values of a distinct slot
 )
 
+// String names the aggregate: count, sum, min, max,
+// distinct_count.
 func (a Agg) String() string {
 	switch a {
 	case Count:
