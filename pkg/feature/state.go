@@ -162,8 +162,8 @@ func (s *State) Spec() *Spec { return &s.spec }
 
 // Table is the unfiltered table: the pipeline's prefetch hints, ms_since_previous,
 // entity counts and stepped snapshot use it. Its evict hook belongs to the State.
-// Do not Apply to it directly: the State's filtered tables and sets would miss
-// the event.
+// Do not Apply to it or EvictIdle it directly (use the State's): the filtered
+// tables and sets would miss the event or keep history the table dropped.
 func (s *State) Table() *window.Table { return s.base }
 
 // evicted mirrors a removal from the unfiltered table (its evict hook).
