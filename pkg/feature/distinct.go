@@ -174,30 +174,34 @@ func (s *dset) raise() {
 }
 
 // count writes into out[w] the distinct count of the window starting at unit thr[w]
-// (values last counted at or after it) and reports whether every one was exact.
-// Values last counted after dropMax are all held and count one each; the held
-// values at or before dropMax are a 2^−shift sample of all such values and count
-// 2^shift each.
+// (values last counted at or after it) and reports whether every one was exact. A
+// window starting after dropMax holds only values the set holds (see the
+// invariants), so its count is exact; otherwise the held values in it are the
+// 2^−shift sample of its values and each counts 2^shift. (Counting the held values
+// after dropMax once each would be exact for them but biased overall: dropMax is
+// itself the time of a value the sample left out.)
 func (s *dset) count(thr []int64, out []int64) (exact bool) {
 	exact = true
 	for w, t := range thr {
-		var held, sampledN int64
-		for i := range int(s.n) {
-			if u := s.unit(i); u >= t {
-				if s.shift > 0 && u <= s.dropMax {
-					sampledN++
-				} else {
-					held++
-				}
-			}
-		}
+		out[w] = 0
 		if s.shift > 0 && t <= s.dropMax {
 			exact = false
 		}
-		if sc := scaled(sampledN, s.shift); sc > math.MaxInt64-held {
-			out[w] = math.MaxInt64
-		} else {
-			out[w] = held + sc
+		thr[w] = t - s.base // compared with offsets below; thr is the caller's scratch
+	}
+	// One pass over the offsets for every window, two offsets a word.
+	offs := s.buf[int(s.c) : int(s.c)+(int(s.n)+1)/2]
+	for i := range int(s.n) {
+		off := int64(uint32(offs[i>>1] >> (32 * (uint(i) & 1))))
+		for w, t := range thr {
+			if off >= t {
+				out[w]++
+			}
+		}
+	}
+	for w, t := range thr {
+		if s.shift > 0 && t+s.base <= s.dropMax {
+			out[w] = scaled(out[w], s.shift)
 		}
 	}
 	return exact

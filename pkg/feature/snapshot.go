@@ -1,13 +1,13 @@
 package feature
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"math"
 	"slices"
-	"strings"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/window"
 )
@@ -34,71 +34,200 @@ const extrasMagic = "VFX\x01"
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
-// AppendExtras appends the State's filtered tables and distinct sets to dst. Take it
-// at the same point as the unfiltered table's snapshot (no Apply or EvictIdle in
-// between), so that Restore pairs them as they were.
+// AppendExtras appends the State's filtered tables and distinct sets to dst, as they
+// are now. Take it at the same point as the unfiltered table's snapshot (no Apply or
+// EvictIdle in between), so that Restore pairs them as they were; BeginExtras does
+// the same in steps. A snapshot in steps still pending is completed first.
 func (s *State) AppendExtras(dst []byte) []byte {
-	start := len(dst)
-	dst = append(dst, extrasMagic...)
-	dst = appendSpec(dst, &s.spec)
-	dst = binary.AppendUvarint(dst, uint64(len(s.ftabs)))
+	ps := s.BeginExtras()
+	ps.Step(math.MaxInt)
+	dst = ps.AppendTo(dst)
+	s.EndExtras(ps)
+	return dst
+}
+
+// PendingExtras is a snapshot of the extras as they were at BeginExtras, taken in
+// steps while the State goes on, like window.PendingSnapshot (and beside the
+// unfiltered table's): Step encodes a share of the distinct sets and of the
+// filtered tables' entities, and a set the State is about to change or drop is
+// encoded first, as it was (copy before write; the filtered tables do the same
+// themselves). Once Step reports it complete, AppendTo gives exactly the bytes
+// AppendExtras would have given at BeginExtras, and may run on another goroutine
+// while the State goes on.
+type PendingExtras struct {
+	s     *State // nil once complete
+	ft    []*window.PendingSnapshot
+	bits  []uint   // filter bit of each of ft
+	nd    int      // distinct counts
+	kept  []uint64 // bit per set index below n0: encoded, or nothing to encode
+	n0    int
+	next  int
+	head  []byte
+	body  []byte
+	spans []setSpan
+}
+
+// setSpan is one set's encoding body[start:end], of distinct count d, whose entity
+// id is body[idStart:idEnd].
+type setSpan struct {
+	d                          int
+	start, idStart, idEnd, end int
+}
+
+// BeginExtras starts a snapshot of the extras as they are now: call it where the
+// unfiltered table's BeginSnapshot is called, Step it (on the State's goroutine,
+// between Apply calls) until it returns true, then AppendTo, then EndExtras on the
+// State's goroutine.
+func (s *State) BeginExtras() *PendingExtras {
+	if s.snap != nil {
+		s.snap.Step(math.MaxInt)
+	}
+	ps := &PendingExtras{s: s, n0: len(s.sets), nd: len(s.dfs)}
+	ps.head = append(ps.head, extrasMagic...)
+	ps.head = appendSpec(ps.head, &s.spec)
 	for i := range s.ftabs {
-		ft := &s.ftabs[i]
-		dst = binary.AppendUvarint(dst, uint64(ft.bit))
+		ps.ft = append(ps.ft, s.ftabs[i].tbl.BeginSnapshot())
+		ps.bits = append(ps.bits, s.ftabs[i].bit)
+	}
+	ps.kept = make([]uint64, (ps.n0+63)/64)
+	for i := range s.sets {
+		if set := &s.sets[i]; set.n == 0 && set.shift == 0 {
+			ps.kept[i/64] |= 1 << (i % 64) // nothing to write, and a later entity's
+		}
+	}
+	s.snap = ps
+	return ps
+}
+
+// Step encodes up to budget more sets and budget more entities of each filtered
+// table, and reports whether the snapshot is complete.
+func (ps *PendingExtras) Step(budget int) bool {
+	s := ps.s
+	if s == nil {
+		return true
+	}
+	done := true
+	for _, ft := range ps.ft {
+		done = ft.Step(budget) && done
+	}
+	for n := 0; ps.next < ps.n0 && n < budget; ps.next++ {
+		if ps.kept[ps.next/64]&(1<<(ps.next%64)) == 0 {
+			ps.take(ps.next)
+			n++
+		}
+	}
+	if !done || ps.next < ps.n0 {
+		return false
+	}
+	s.snap, ps.s = nil, nil
+	return true
+}
+
+// Done reports whether Step has completed the snapshot.
+func (ps *PendingExtras) Done() bool { return ps.s == nil }
+
+// keep encodes set i as it is unless the snapshot has it already: the State calls
+// it before changing or releasing a set while a snapshot is in steps.
+func (ps *PendingExtras) keep(i int) {
+	if i < ps.n0 && ps.kept[i/64]&(1<<(i%64)) == 0 {
+		ps.take(i)
+	}
+}
+
+func (ps *PendingExtras) take(i int) {
+	ps.kept[i/64] |= 1 << (i % 64)
+	s := ps.s
+	nd := len(s.dfs)
+	// The slot still holds the entity it held at BeginExtras: removing that entity
+	// would have called keep first.
+	id, _, ok := s.base.SlotEntity(i / nd)
+	if !ok {
+		return
+	}
+	set := &s.sets[i]
+	sp := setSpan{d: i % nd, start: len(ps.body)}
+	ps.body = binary.AppendUvarint(ps.body, uint64(len(id)))
+	sp.idStart = len(ps.body)
+	ps.body = append(ps.body, id...)
+	sp.idEnd = len(ps.body)
+	ps.body = append(ps.body, set.shift)
+	if set.shift > 0 {
+		ps.body = binary.AppendVarint(ps.body, set.dropMax)
+	}
+	ps.body = binary.AppendUvarint(ps.body, uint64(set.n))
+	// Values in increasing hash order: insertion sort of indices, a set is small.
+	var order [64]uint16
+	idx := order[:0]
+	if set.n > 64 {
+		idx = make([]uint16, 0, set.n)
+	}
+	for v := range int(set.n) {
+		j := len(idx)
+		idx = append(idx, uint16(v))
+		for j > 0 && set.hash(int(idx[j-1])) > set.hash(v) {
+			idx[j] = idx[j-1]
+			j--
+		}
+		idx[j] = uint16(v)
+	}
+	for _, v := range idx {
+		ps.body = binary.LittleEndian.AppendUint64(ps.body, set.hash(int(v)))
+		ps.body = binary.AppendVarint(ps.body, set.unit(int(v)))
+	}
+	sp.end = len(ps.body)
+	ps.spans = append(ps.spans, sp)
+}
+
+// AppendTo appends the finished snapshot. It panics if Step has not completed it.
+func (ps *PendingExtras) AppendTo(dst []byte) []byte {
+	if !ps.Done() {
+		panic("feature: PendingExtras.AppendTo before Step completed it")
+	}
+	start := len(dst)
+	dst = append(dst, ps.head...)
+	dst = binary.AppendUvarint(dst, uint64(len(ps.ft)))
+	for i, ft := range ps.ft {
+		dst = binary.AppendUvarint(dst, uint64(ps.bits[i]))
 		lenAt := len(dst)
 		dst = append(dst, 0, 0, 0, 0)
-		dst = ft.tbl.AppendSnapshot(dst)
+		dst = ft.AppendTo(dst)
 		binary.LittleEndian.PutUint32(dst[lenAt:], uint32(len(dst)-lenAt-4))
 	}
-	nd := len(s.dfs)
-	type held struct {
-		id   string
-		slot int
-	}
-	var ents []held
-	var vals []int
-	for di := range s.dfs {
-		ents = ents[:0]
-		for i := di; i < len(s.sets); i += nd {
-			if set := &s.sets[i]; set.n > 0 || set.shift > 0 {
-				id, _, ok := s.base.SlotEntity(i / nd)
-				if ok {
-					ents = append(ents, held{id, i / nd})
-				}
-			}
+	body := ps.body
+	slices.SortFunc(ps.spans, func(a, b setSpan) int {
+		if a.d != b.d {
+			return a.d - b.d
 		}
-		slices.SortFunc(ents, func(a, b held) int { return strings.Compare(a.id, b.id) })
-		dst = binary.AppendUvarint(dst, uint64(len(ents)))
-		for _, e := range ents {
-			set := &s.sets[e.slot*nd+di]
-			dst = binary.AppendUvarint(dst, uint64(len(e.id)))
-			dst = append(dst, e.id...)
-			dst = append(dst, set.shift)
-			if set.shift > 0 {
-				dst = binary.AppendVarint(dst, set.dropMax)
-			}
-			vals = vals[:0]
-			for v := range int(set.n) {
-				vals = append(vals, v)
-			}
-			slices.SortFunc(vals, func(a, b int) int {
-				ha, hb := set.hash(a), set.hash(b)
-				switch {
-				case ha < hb:
-					return -1
-				case ha > hb:
-					return 1
-				}
-				return 0
-			})
-			dst = binary.AppendUvarint(dst, uint64(len(vals)))
-			for _, v := range vals {
-				dst = binary.LittleEndian.AppendUint64(dst, set.hash(v))
-				dst = binary.AppendVarint(dst, set.unit(v))
-			}
+		return bytes.Compare(body[a.idStart:a.idEnd], body[b.idStart:b.idEnd])
+	})
+	j := 0
+	for d := range ps.nd {
+		k := j
+		for k < len(ps.spans) && ps.spans[k].d == d {
+			k++
 		}
+		dst = binary.AppendUvarint(dst, uint64(k-j))
+		for _, sp := range ps.spans[j:k] {
+			dst = append(dst, body[sp.start:sp.end]...)
+		}
+		j = k
 	}
 	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], crcTable))
+}
+
+// EndExtras hands the filtered tables' snapshot buffers back; call it on the State's
+// goroutine after AppendTo returned. A snapshot still in steps is abandoned.
+func (s *State) EndExtras(ps *PendingExtras) {
+	if ps == nil {
+		return
+	}
+	if s.snap == ps {
+		s.snap = nil
+	}
+	ps.s = nil
+	for i, ft := range ps.ft {
+		s.ftabs[i].tbl.EndSnapshot(ft)
+	}
 }
 
 func appendSpec(dst []byte, s *Spec) []byte {

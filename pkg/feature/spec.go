@@ -20,6 +20,8 @@ const (
 	DistinctCount                // number of distinct values of a distinct slot
 )
 
+// String names the aggregate: count, sum, min, max,
+// distinct_count.
 func (a Agg) String() string {
 	switch a {
 	case Count:
@@ -154,12 +156,17 @@ func (s *Spec) Validate() error {
 	for _, n := range tailNames {
 		names[n] = "a fixed field"
 	}
+	featNames := map[string]int{}
 	for i := range s.Features {
 		f := &s.Features[i]
 		where := fmt.Sprintf("feature %d (%q)", i, f.Name)
 		if !avroName(f.Name) {
 			return fmt.Errorf("feature spec: %s: name must match [A-Za-z_][A-Za-z0-9_]*", where)
 		}
+		if j, dup := featNames[f.Name]; dup {
+			return fmt.Errorf("feature spec: %s: name already used by feature %d", where, j)
+		}
+		featNames[f.Name] = i
 		if f.Agg < Count || f.Agg > DistinctCount {
 			return fmt.Errorf("feature spec: %s: unknown aggregate %d", where, f.Agg)
 		}

@@ -31,6 +31,9 @@ type State struct {
 	dfs   []dfeat
 	sets  []dset // sets[slot*len(dfs)+d]: distinct count d of the entity in slot
 	thr   []int64
+	nv    int // value columns (Row.Values)
+
+	snap *PendingExtras // a snapshot of the extras in steps, or nil
 
 	ftOpts window.Options // the filtered tables' options
 }
@@ -139,6 +142,7 @@ func newState(spec Spec, opts window.Options, base *window.Table) (*State, error
 		s.feats = append(s.feats, p)
 	}
 	s.thr = make([]int64, len(spec.Windows))
+	s.nv = spec.valueColumns()
 	if len(s.ftabs) > 0 || len(s.dfs) > 0 {
 		base.SetEvictHook(s.evicted)
 	}
@@ -158,8 +162,8 @@ func (s *State) Spec() *Spec { return &s.spec }
 
 // Table is the unfiltered table: the pipeline's prefetch hints, ms_since_previous,
 // entity counts and stepped snapshot use it. Its evict hook belongs to the State.
-// Do not Apply to it directly: the State's filtered tables and sets would miss
-// the event.
+// Do not Apply to it or EvictIdle it directly (use the State's): the filtered
+// tables and sets would miss the event or keep history the table dropped.
 func (s *State) Table() *window.Table { return s.base }
 
 // evicted mirrors a removal from the unfiltered table (its evict hook).
@@ -169,6 +173,9 @@ func (s *State) evicted(entity string, slot int) {
 	}
 	if nd := len(s.dfs); nd > 0 && (slot+1)*nd <= len(s.sets) {
 		for d := range nd {
+			if s.snap != nil {
+				s.snap.keep(slot*nd + d) // copy before write
+			}
 			s.sets[slot*nd+d].release()
 		}
 	}
@@ -187,7 +194,7 @@ var ErrInternal = errors.New("feature: internal inconsistency")
 // table alone decides acceptance. An overflow in a filtered table also refuses the
 // event (ErrOverflow). On error nothing changes and row is unspecified.
 func (s *State) Apply(entity string, eventTime, amount int64, ext []uint64, row *Row) (prevGap int64, hasPrev bool, err error) {
-	if !row.fits(&s.spec) {
+	if row == nil || len(row.Values) != s.nv || len(row.Null) != s.nv || len(row.Exact) != len(s.dfs) || len(row.Base) < len(s.spec.Windows) {
 		return 0, false, fmt.Errorf("%w: %w", window.ErrInput, errRowShape)
 	}
 	if len(s.ftabs) == 0 && len(s.dfs) == 0 {
@@ -206,7 +213,7 @@ func (s *State) Apply(entity string, eventTime, amount int64, ext []uint64, row 
 			return 0, false, fmt.Errorf("%w: ext has %d words, distinct slot %d needs %d", window.ErrInput, len(ext), j, j+2)
 		}
 	}
-	_, newest, known := s.base.Lookup(entity)
+	slot, newest, known := s.base.Lookup(entity)
 	older := known && eventTime < newest
 	if older {
 		// An older event may overflow a filtered table whose retained window differs
@@ -238,7 +245,9 @@ func (s *State) Apply(entity string, eventTime, amount int64, ext []uint64, row 
 		}
 	}
 	if len(s.dfs) > 0 {
-		slot, _, _ := s.base.Lookup(entity) // a new entity has a slot only now
+		if !known {
+			slot, _, _ = s.base.Lookup(entity) // a new entity has a slot only now
+		}
 		s.applyDistinct(slot, eventTime, top, ext, e0, row)
 	}
 	s.fill(row)
@@ -287,6 +296,9 @@ func (s *State) applyDistinct(slot int, eventTime, top int64, ext []uint64, e0 u
 			lo = min(lo, (kt-d.nbs[w]+1)*(b/d.unit))
 		}
 		if (d.filter < 0 || e0&(1<<uint(d.filter)) != 0) && e0&(1<<(32+d.slot)) != 0 {
+			if s.snap != nil {
+				s.snap.keep(slot*nd + di) // copy before write
+			}
 			set.add(ext[1+d.slot], floorDiv(eventTime, d.unit), lo, d.maxExact)
 		}
 		p := &s.feats[d.feat]
@@ -294,38 +306,42 @@ func (s *State) applyDistinct(slot int, eventTime, top int64, ext []uint64, e0 u
 	}
 }
 
-// fill writes the count/sum/min/max columns from the tables' outputs.
+// fill writes the count/sum/min/max columns from the tables' outputs. The switch
+// is per feature, not per column: this loop is most of what the State adds to the
+// unfiltered table's Apply for a definition without filters or distinct counts.
 func (s *State) fill(row *Row) {
 	for fi := range s.feats {
 		p := &s.feats[fi]
+		vals := row.Values[p.col : p.col+len(p.pos)]
+		null := row.Null[p.col : p.col+len(p.pos)]
 		if p.dist >= 0 {
-			for j := range p.pos {
-				row.Null[p.col+j] = false
-			}
+			clear(null)
 			continue
 		}
 		src := row.Base
 		if p.ftab >= 0 {
 			src = s.ftabs[p.ftab].out
 		}
-		agg := s.spec.Features[fi].Agg
-		for j, w := range p.pos {
-			a := &src[w]
-			c := p.col + j
-			row.Null[c] = false
-			switch agg {
-			case Count:
-				row.Values[c] = a.Count
-			case Sum:
-				row.Values[c] = a.Sum
-			case Min, Max:
-				if a.Count == 0 {
-					row.Values[c], row.Null[c] = 0, true
-				} else if agg == Min {
-					row.Values[c] = a.Min
-				} else {
-					row.Values[c] = a.Max
-				}
+		switch s.spec.Features[fi].Agg {
+		case Count:
+			clear(null)
+			for j, w := range p.pos {
+				vals[j] = src[w].Count
+			}
+		case Sum:
+			clear(null)
+			for j, w := range p.pos {
+				vals[j] = src[w].Sum
+			}
+		case Min:
+			for j, w := range p.pos {
+				a := &src[w]
+				vals[j], null[j] = a.Min, a.Count == 0
+			}
+		case Max:
+			for j, w := range p.pos {
+				a := &src[w]
+				vals[j], null[j] = a.Max, a.Count == 0
 			}
 		}
 	}
@@ -363,6 +379,9 @@ func (s *State) EvictIdle(watermark int64) int {
 			set := &s.sets[i]
 			if set.buf == nil {
 				continue
+			}
+			if s.snap != nil {
+				s.snap.keep(i) // copy before write
 			}
 			set.prune(lo)
 			if set.n == 0 && set.shift == 0 {
