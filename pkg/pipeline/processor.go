@@ -601,8 +601,7 @@ type PendingSnapshot struct {
 	stageLenAt int
 	stage      *watermark.PendingSnapshot
 	table      *window.PendingSnapshot
-	extras     []byte // under a definition: its state beside the table, as of BeginSnapshot
-	features   bool
+	extras     *feature.PendingExtras // under a definition: its state beside the table, in steps like it
 	finished   bool
 }
 
@@ -627,21 +626,28 @@ func (p *Processor) beginSnapshot(buf []byte, segmented bool) *PendingSnapshot {
 	buf = binary.BigEndian.AppendUint64(buf, uint64(p.next))
 	buf = binary.BigEndian.AppendUint64(buf, uint64(p.lastSweep))
 	ps := &PendingSnapshot{stageLenAt: len(buf)}
-	if p.fstate != nil {
-		// Encoded now, in one go: the filtered tables and distinct sets are not
-		// stepped like the unfiltered table, so a checkpoint stalls the partition
-		// for their size (docs/feature-outputs.md states what that costs).
-		ps.features, ps.extras = true, p.fstate.AppendExtras(nil)
-	}
 	buf = append(buf, 0, 0, 0, 0, 0, 0, 0, 0)
 	ps.buf, ps.stage = p.stage.BeginSnapshotWith(buf, segmented && p.cfg.Watermark.Segments != nil)
 	ps.table = p.table.BeginSnapshot()
+	if p.fstate != nil {
+		// Taken at the same point as the table's (no Apply in between), so that a
+		// restore pairs them as they were; stepped like it, so a checkpoint does not
+		// stall the partition for the definition's state.
+		ps.extras = p.fstate.BeginExtras()
+	}
 	return ps
 }
 
-// Step encodes up to budget more entities of the window table and reports whether
-// the snapshot is ready for Finish. Call it on the Processor's goroutine.
-func (ps *PendingSnapshot) Step(budget int) bool { return ps.table.Step(budget) }
+// Step encodes up to budget more entities of the window table (and of the
+// definition's state) and reports whether the snapshot is ready for Finish. Call it
+// on the Processor's goroutine.
+func (ps *PendingSnapshot) Step(budget int) bool {
+	done := ps.table.Step(budget)
+	if ps.extras != nil {
+		done = ps.extras.Step(budget) && done
+	}
+	return done
+}
 
 // Finish completes the snapshot and returns it: the buf given to BeginSnapshot,
 // extended. Call it once, after Step returned true. With Config.Watermark.Segments
@@ -670,9 +676,11 @@ func (ps *PendingSnapshot) Finish() ([]byte, error) {
 	buf = append(buf, 0, 0, 0, 0, 0, 0, 0, 0)
 	buf = ps.table.AppendTo(buf)
 	binary.BigEndian.PutUint64(buf[tableLenAt:], uint64(len(buf)-tableLenAt-8))
-	if ps.features {
-		buf = binary.BigEndian.AppendUint64(buf, uint64(len(ps.extras)))
-		buf = append(buf, ps.extras...)
+	if ps.extras != nil {
+		extrasLenAt := len(buf)
+		buf = append(buf, 0, 0, 0, 0, 0, 0, 0, 0)
+		buf = ps.extras.AppendTo(buf)
+		binary.BigEndian.PutUint64(buf[extrasLenAt:], uint64(len(buf)-extrasLenAt-8))
 	}
 	ps.buf = buf
 	return buf, nil
@@ -697,6 +705,9 @@ func (ps *PendingSnapshot) Bytes() []byte {
 func (p *Processor) EndSnapshot(ps *PendingSnapshot) {
 	p.stage.EndSnapshot(ps.stage)
 	p.table.EndSnapshot(ps.table)
+	if p.fstate != nil {
+		p.fstate.EndExtras(ps.extras)
+	}
 }
 
 // SnapshotSaved reports that ps's snapshot is durable (see watermark.Stage.SnapshotSaved)
