@@ -187,7 +187,7 @@ func TestFeatureDefinitionReplayEqualsReference(t *testing.T) {
 	dir := t.TempDir()
 	input := filepath.Join(dir, "cards.avro")
 	const lateness = 5 * time.Second
-	recs := streamtest.CardStream(streamtest.CardStreamConfig{Seed: 11, N: 6000, Cards: 80, HotShare: 0.08, Merchants: 50, HotDistinct: 400, Lateness: lateness})
+	recs := streamtest.CardStream(streamtest.CardStreamConfig{Seed: 11, N: 4000, Cards: 60, HotShare: 0.08, Merchants: 50, HotDistinct: 400, Lateness: lateness})
 	f, err := os.Create(input)
 	if err != nil {
 		t.Fatal(err)
