@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"maps"
 	"math"
 	"testing"
 	"time"
@@ -150,9 +151,36 @@ func TestParseProcSpec(t *testing.T) {
 	if err != nil || p.Kind != "ours" || !p.EOS || p.Lateness != 2*time.Second {
 		t.Errorf("ours:eos:late=2s → %+v, %v", p, err)
 	}
-	for _, bad := range []string{"flink", "kstreams:late=1s", "ours:late=-1s", "ours:fast"} {
+	if p, err := ParseProcSpec("ours:bin=new:eos"); err != nil || p.Bin != "new" || !p.EOS {
+		t.Errorf("ours:bin=new:eos → %+v, %v", p, err)
+	}
+	for _, bad := range []string{"flink", "kstreams:late=1s", "ours:late=-1s", "ours:fast", "ours:bin=", "kstreams:bin=x", "floor:bin=x"} {
 		if _, err := ParseProcSpec(bad); err == nil {
 			t.Errorf("ParseProcSpec(%q) accepted", bad)
+		}
+	}
+}
+
+func TestParseVCAlt(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want map[string]string
+		ok   bool
+	}{
+		{"", map[string]string{}, true},
+		{"old=/tmp/a,new=/tmp/b", map[string]string{"old": "/tmp/a", "new": "/tmp/b"}, true},
+		{"old", nil, false},
+		{"=/tmp/a", nil, false},
+		{"old=", nil, false},
+		{"a=/x,a=/y", nil, false},
+	} {
+		got, err := parseVCAlt(tc.in)
+		if (err == nil) != tc.ok {
+			t.Errorf("parseVCAlt(%q) error %v, want ok=%v", tc.in, err, tc.ok)
+			continue
+		}
+		if tc.ok && !maps.Equal(got, tc.want) {
+			t.Errorf("parseVCAlt(%q) = %v, want %v", tc.in, got, tc.want)
 		}
 	}
 }
