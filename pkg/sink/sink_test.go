@@ -463,3 +463,85 @@ func TestBuildHeader(t *testing.T) {
 		}
 	}
 }
+
+// asyncProducer acknowledges each record on one of several goroutines, in an
+// order that interleaves them, as a client with connections to several brokers
+// does.
+type asyncProducer struct{ acks []chan func() }
+
+func newAsyncProducer(n int) *asyncProducer {
+	p := &asyncProducer{}
+	for range n {
+		c := make(chan func(), 64)
+		p.acks = append(p.acks, c)
+		go func() {
+			for f := range c {
+				f()
+			}
+		}()
+	}
+	return p
+}
+
+func (p *asyncProducer) Produce(_ context.Context, r *kgo.Record, promise func(*kgo.Record, error)) {
+	p.acks[int(r.Key[0])%len(p.acks)] <- func() { promise(r, nil) }
+}
+
+func (p *asyncProducer) close() {
+	for _, c := range p.acks {
+		close(c)
+	}
+}
+
+// TestEpochsUnderConcurrentAcks: with acknowledgements arriving on other
+// goroutines while the producing one goes on producing and cutting, every
+// epoch ends once its records are acknowledged, a Flush in between returns,
+// and at the end nothing is counted as pending.
+func TestEpochsUnderConcurrentAcks(t *testing.T) {
+	for _, tc := range []struct {
+		name              string
+		ackers, records   int
+		cutEvery, flushAt int
+	}{
+		{"one acker", 1, 20_000, 997, 10_000},
+		{"four ackers", 4, 20_000, 251, 5_000},
+		{"cut every record", 3, 5_000, 1, 2_500},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ap := newAsyncProducer(tc.ackers)
+			defer ap.close()
+			tr := New(ap, "out", "dlq", "h").NewTracker(nil)
+			tr.SetClock(1_700_000_000_000)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			var epochs []*Epoch
+			val := bytes.Repeat([]byte{1}, 100)
+			for i := range tc.records {
+				tr.Features([]byte{byte(i), byte(i >> 8)}, val, 1)
+				if i%tc.cutEvery == tc.cutEvery-1 {
+					epochs = append(epochs, tr.Cut())
+				}
+				if i == tc.flushAt {
+					if err := tr.Flush(ctx); err != nil {
+						t.Fatalf("Flush at record %d: %v", i, err)
+					}
+					if n := tr.PendingBytes(); n != 0 {
+						t.Fatalf("after Flush, %d bytes pending", n)
+					}
+				}
+			}
+			epochs = append(epochs, tr.Cut())
+			for i, e := range epochs {
+				if err := e.Wait(ctx); err != nil {
+					t.Fatalf("epoch %d of %d never ended: %v", i, len(epochs), err)
+				}
+			}
+			if err := tr.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if n, f := tr.PendingBytes(), tr.inflight(); n != 0 || f != 0 {
+				t.Fatalf("at the end %d bytes and %d records pending, want 0", n, f)
+			}
+		})
+	}
+}
