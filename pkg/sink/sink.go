@@ -37,19 +37,19 @@ type Sink struct {
 	host        []byte
 	prefix      []byte    // written before every features value; see WithFeaturesPrefix
 	build       []byte    // the velocity.build header's value; see WithBuild
-	pend        sync.Pool // *pending: a record and its bookkeeping, reused after its promise
 	chunks      sync.Pool // *chunk: arena chunks whose records were all acknowledged
+	// slabs are slabs whose records were all acknowledged, for reuse (at most
+	// maxFreeSlabs; beyond, the garbage collector takes them). A mutex, not a
+	// sync.Pool: a tracker takes one slab per slabLen records, and a pool
+	// drops its items at every garbage collection.
+	slabMu sync.Mutex
+	slabs  []*slab
 }
 
 // New returns a Sink producing through prod. host is recorded in a header of
 // every features record (processing facts go in headers, never in values).
 func New(prod Producer, outputTopic, dlqTopic, host string) *Sink {
 	s := &Sink{prod: prod, outputTopic: outputTopic, dlqTopic: dlqTopic, host: []byte(host)}
-	s.pend.New = func() any {
-		p := &pending{Context: context.Background()}
-		p.rec.Context = p
-		return p
-	}
 	s.chunks.New = func() any { return &chunk{buf: make([]byte, 0, arenaChunk)} }
 	return s
 }
@@ -65,16 +65,97 @@ type pending struct {
 	t       *Tracker
 	ep      *Epoch
 	c       *chunk // holds rec.Key and rec.Value, or nil
+	s       *slab  // the slab this pending lives in
 	arrival int64  // Unix ns, or ≤ 0 for dead letters
 	size    int64
-	// hdrs backs rec.Headers: inside the pending, the headers share its cache
-	// lines instead of costing a miss of their own on every reuse.
-	hdrs [deadHeaders]kgo.RecordHeader
+	// hdrs backs a features record's rec.Headers: inside the pending, the
+	// headers share its cache lines instead of costing a miss of their own.
+	// A dead letter's headers (more, and rare) are allocated.
+	hdrs [featuresHeaders]kgo.RecordHeader
 }
 
-// deadHeaders is how many headers a dead letter carries, the most of any
-// record: the contract's five and the build.
-const deadHeaders = 6
+// featuresHeaders is how many headers a features record carries at most:
+// emitted_at, host and build.
+const featuresHeaders = 3
+
+// slab is a block of pendings that one tracker hands out in order and that is
+// reused whole once every record in it was acknowledged. Pendings recycled one by
+// one (a pool) came back in no order and cold, last written by the goroutine
+// that acknowledged them: filling one cost a cache miss per record, which
+// profiles at the peak showed as the largest part of the sink's own cost. A
+// slab is filled front to back, which the hardware prefetches, and the
+// acknowledging side only reads a pending and counts its slab down.
+type slab struct {
+	p    [slabLen]pending
+	next int          // the next pending to hand out; the owning tracker's goroutine only
+	refs atomic.Int32 // records handed out and not yet acknowledged, plus 1 while current
+}
+
+const (
+	slabLen      = 256
+	maxFreeSlabs = 256 // 256 × slabLen records of about 350 bytes: ~22 MiB at most
+)
+
+func newSlab() *slab {
+	sl := &slab{}
+	for i := range sl.p {
+		p := &sl.p[i]
+		p.Context, p.s = context.Background(), sl
+		p.rec.Context = p // never written again: the client may read it after the promise
+	}
+	return sl
+}
+
+// getSlab returns a free slab, reused or new.
+func (s *Sink) getSlab() *slab {
+	s.slabMu.Lock()
+	var sl *slab
+	if n := len(s.slabs); n > 0 {
+		sl, s.slabs = s.slabs[n-1], s.slabs[:n-1]
+	}
+	s.slabMu.Unlock()
+	if sl == nil {
+		sl = newSlab()
+	}
+	sl.next = 0
+	sl.refs.Store(1)
+	return sl
+}
+
+// releaseSlab drops one reference to sl; whoever drops the last frees it.
+func (s *Sink) releaseSlab(sl *slab) {
+	if sl.refs.Add(-1) != 0 {
+		return
+	}
+	s.slabMu.Lock()
+	if len(s.slabs) < maxFreeSlabs {
+		s.slabs = append(s.slabs, sl)
+	}
+	s.slabMu.Unlock()
+}
+
+// nextPending hands out the next pending of the tracker's slab, cleared of
+// everything its previous record left (the client stamps partition, offset,
+// producer id and epoch, timestamp and attributes into a record).
+func (t *Tracker) nextPending() *pending {
+	sl := t.slab
+	if sl == nil || sl.next == slabLen {
+		if sl != nil {
+			t.sink.releaseSlab(sl)
+		}
+		sl = t.sink.getSlab()
+		t.slab = sl
+	}
+	p := &sl.p[sl.next]
+	sl.next++
+	sl.refs.Add(1)
+	r := &p.rec
+	r.Key, r.Value, r.Headers, r.Topic = nil, nil, nil, ""
+	r.Timestamp, r.Partition, r.Attrs = time.Time{}, 0, kgo.RecordAttrs{}
+	r.ProducerEpoch, r.ProducerID, r.LeaderEpoch, r.Offset = 0, 0, 0, 0
+	p.c = nil
+	return p
+}
 
 // chunk is a piece of arena memory shared by the keys and values of many
 // records. refs counts those records still in flight plus one while the
@@ -223,6 +304,8 @@ type Tracker struct {
 	// cur is the arena chunk that keys and values are copied into: one chunk
 	// for many records instead of two allocations per record.
 	cur *chunk
+	// slab holds the pendings handed out next (see slab).
+	slab *slab
 	// nowMs and nowText are the emitted_at clock set by SetClock, and nowTime
 	// the same instant as the records' timestamp: 0 = read the clock per record.
 	nowMs   int64
@@ -315,7 +398,7 @@ func (t *Tracker) SetClock(unixMs int64) {
 
 // Features produces one features record. key and value are copied.
 func (t *Tracker) Features(key, value []byte, arrival int64) {
-	p := t.sink.pend.Get().(*pending)
+	p := t.nextPending()
 	emitted, stamp := t.nowText, t.nowTime
 	if t.nowMs == 0 {
 		ms := time.Now().UnixMilli()
@@ -346,10 +429,10 @@ type DeadLetter struct {
 
 // Dead produces one dead letter with the contract's headers. Bytes are copied.
 func (t *Tracker) Dead(d DeadLetter) {
-	p := t.sink.pend.Get().(*pending)
+	p := t.nextPending()
 	p.rec.Topic = t.sink.dlqTopic
 	p.rec.Timestamp = t.nowTime
-	p.hdrs = [deadHeaders]kgo.RecordHeader{
+	p.rec.Headers = []kgo.RecordHeader{
 		{Key: codec.HeaderReason, Value: []byte(d.Reason)},
 		{Key: codec.HeaderError, Value: []byte(d.Err)},
 		{Key: codec.HeaderSourceTopic, Value: []byte(d.SourceTopic)},
@@ -357,9 +440,8 @@ func (t *Tracker) Dead(d DeadLetter) {
 		{Key: codec.HeaderSourceOffset, Value: strconv.AppendInt(nil, d.SourceOffset, 10)},
 		{Key: HeaderBuild, Value: t.sink.build},
 	}
-	p.rec.Headers = p.hdrs[:]
 	if len(t.sink.build) == 0 {
-		p.rec.Headers = p.hdrs[:deadHeaders-1]
+		p.rec.Headers = p.rec.Headers[:len(p.rec.Headers)-1]
 	}
 	t.copyInto(p, d.Key, nil, d.Value)
 	t.produce(p, -1)
@@ -384,11 +466,13 @@ func (t *Tracker) produce(p *pending, arrival int64) {
 	t.sink.prod.Produce(context.Background(), &p.rec, promise)
 }
 
-// promise ends every record's life: it counts the outcome, recycles the record
-// and its share of the arena, and wakes Flush when nothing is left in flight.
+// promise ends every record's life: it counts the outcome and gives back the
+// record's share of its slab and of the arena. It only reads the pending: the
+// tracker clears it when it hands it out again (nextPending), so that its
+// cache lines are written on one core only.
 func promise(r *kgo.Record, err error) {
 	p := r.Context.(*pending)
-	t := p.t
+	t, ep, c, sl := p.t, p.ep, p.c, p.s
 	if err != nil {
 		t.mu.Lock()
 		if t.err == nil {
@@ -399,21 +483,10 @@ func promise(r *kgo.Record, err error) {
 		t.onAck(p.arrival)
 	}
 	t.ackedBytes.Add(p.size)
-	ep := p.ep
-	if p.c != nil {
-		t.sink.release(p.c)
+	if c != nil {
+		t.sink.release(c)
 	}
-	if len(r.Headers) > 0 && r.Headers[0].Key == codec.HeaderReason {
-		p.hdrs = [deadHeaders]kgo.RecordHeader{} // a dead letter's header values are its own memory: drop them
-	}
-	// Field by field: the client may still read the record's Context (a
-	// goroutine that waited for a new topic's metadata), so that field and
-	// p.Context are never written after New.
-	r.Key, r.Value, r.Headers, r.Topic = nil, nil, nil, ""
-	r.Timestamp, r.Partition, r.Attrs = time.Time{}, 0, kgo.RecordAttrs{}
-	r.ProducerEpoch, r.ProducerID, r.LeaderEpoch, r.Offset = 0, 0, 0, 0
-	p.t, p.ep, p.c, p.arrival, p.size = nil, nil, nil, 0, 0
-	t.sink.pend.Put(p)
+	t.sink.releaseSlab(sl) // p may be handed out again from here on
 	ep.release()
 	t.acked.Add(1)
 	// A Flush counts itself in waiters before it checks under mu, and it holds

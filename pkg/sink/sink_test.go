@@ -545,3 +545,54 @@ func TestEpochsUnderConcurrentAcks(t *testing.T) {
 		})
 	}
 }
+
+// TestSlabNotReusedWhileInFlight: one record left unacknowledged keeps its
+// slab out of reuse however many records follow, while slabs whose records
+// are all acknowledged are reused.
+func TestSlabNotReusedWhileInFlight(t *testing.T) {
+	fp := &fakeProducer{}
+	tr := New(fp, "out", "dlq", "h").NewTracker(nil)
+	tr.SetClock(1_700_000_000_000)
+	const held = 5
+	for i := range 3 * slabLen {
+		tr.Features([]byte(fmt.Sprintf("k%d", i)), []byte(fmt.Sprintf("v%d", i)), 1)
+	}
+	pend, live := fp.take(), fp.live
+	heldRec := live[held]
+	for i, ack := range pend {
+		if i != held {
+			ack(nil)
+		}
+	}
+	seen := map[*kgo.Record]bool{}
+	for round := range 20 {
+		for i := range slabLen {
+			tr.Features([]byte(fmt.Sprintf("r%d-%d", round, i)), []byte("x"), 1)
+		}
+		fp.mu.Lock()
+		fresh := fp.live[len(fp.live)-slabLen:]
+		fp.mu.Unlock()
+		for _, r := range fresh {
+			if r == heldRec {
+				t.Fatalf("round %d: the in-flight record's pending was handed out again", round)
+			}
+			seen[r] = true
+		}
+		fp.settle(nil)
+	}
+	if string(heldRec.Key) != fmt.Sprintf("k%d", held) || string(heldRec.Value) != fmt.Sprintf("v%d", held) {
+		t.Fatalf("in-flight record overwritten: key %q value %q", heldRec.Key, heldRec.Value)
+	}
+	// 20 × slabLen records went out, acknowledged a slab at a time: slabs were
+	// reused, so far fewer distinct pendings than records.
+	if len(seen) > 4*slabLen {
+		t.Errorf("%d distinct pendings for %d records: acknowledged slabs are not reused", len(seen), 20*slabLen)
+	}
+	if left := fp.take(); len(left) != 0 {
+		t.Fatalf("%d promises left besides the held one", len(left))
+	}
+	pend[held](nil)
+	if err := tr.Cut().Wait(context.Background()); err != nil || tr.PendingBytes() != 0 {
+		t.Fatalf("after the last promise: %v, %d bytes pending", err, tr.PendingBytes())
+	}
+}
