@@ -96,14 +96,32 @@ const (
 	maxFreeSlabs = 256 // 256 × slabLen records of about 350 bytes: ~22 MiB at most
 )
 
-func newSlab() *slab {
+// newSlab returns a slab of s's pendings. The features headers' keys and the
+// sink's constant values are written here once, not per record: every
+// pending of a sink's slabs carries the same host and build, and a dead letter
+// brings a header slice of its own, so only emitted_at's value changes.
+func (s *Sink) newSlab() *slab {
 	sl := &slab{}
 	for i := range sl.p {
 		p := &sl.p[i]
 		p.Context, p.s = context.Background(), sl
 		p.rec.Context = p // never written again: the client may read it after the promise
+		p.hdrs = [featuresHeaders]kgo.RecordHeader{
+			{Key: HeaderEmittedAt},
+			{Key: HeaderHost, Value: s.host},
+			{Key: HeaderBuild, Value: s.build},
+		}
 	}
 	return sl
+}
+
+// featuresHeaderCount is how many of a pending's hdrs a features record
+// carries: the build header only with WithBuild.
+func (s *Sink) featuresHeaderCount() int {
+	if len(s.build) > 0 {
+		return featuresHeaders
+	}
+	return featuresHeaders - 1
 }
 
 // getSlab returns a free slab, reused or new.
@@ -115,7 +133,7 @@ func (s *Sink) getSlab() *slab {
 	}
 	s.slabMu.Unlock()
 	if sl == nil {
-		sl = newSlab()
+		sl = s.newSlab()
 	}
 	sl.next = 0
 	sl.refs.Store(1)
@@ -405,14 +423,9 @@ func (t *Tracker) Features(key, value []byte, arrival int64) {
 		emitted, stamp = strconv.AppendInt(nil, ms, 10), time.UnixMilli(ms)
 	}
 	p.rec.Topic = t.sink.outputTopic
-	p.rec.Timestamp = stamp // the emitted_at instant
-	p.hdrs[0] = kgo.RecordHeader{Key: HeaderEmittedAt, Value: emitted}
-	p.hdrs[1] = kgo.RecordHeader{Key: HeaderHost, Value: t.sink.host}
-	p.rec.Headers = p.hdrs[:2]
-	if len(t.sink.build) > 0 {
-		p.hdrs[2] = kgo.RecordHeader{Key: HeaderBuild, Value: t.sink.build}
-		p.rec.Headers = p.hdrs[:3]
-	}
+	p.rec.Timestamp = stamp   // the emitted_at instant
+	p.hdrs[0].Value = emitted // the other headers are the slab's constants (newSlab)
+	p.rec.Headers = p.hdrs[:t.sink.featuresHeaderCount()]
 	t.copyInto(p, key, t.sink.prefix, value)
 	t.produce(p, arrival)
 }
