@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/google/pprof/profile"
@@ -134,39 +135,56 @@ func stagesMain(w io.Writer, args []string) error {
 	fs := flag.NewFlagSet("stages", flag.ContinueOnError)
 	typ := fs.String("type", "cpu", "sample type: cpu (CPU profile), alloc_space or alloc_objects (allocation profile)")
 	events := fs.Int("events", 1_000_000, "events the run processed: the table also gives each stage per event")
-	names := fs.String("names", "", "column names, comma-separated (default the file names)")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: velocity-bench stages [flags] COLUMN...\n\nA COLUMN is a profile file, or several comma-separated: per stage, the median over them.")
+		fs.PrintDefaults()
+	}
+	namesFlag := fs.String("names", "", "column names, comma-separated (default the arguments)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	files := fs.Args()
-	if len(files) == 0 {
+	cols := fs.Args() // one column each: a profile, or several comma-separated (their median)
+	if len(cols) == 0 {
 		return fmt.Errorf("stages: name at least one profile file")
 	}
-	cols := splitList(*names)
-	if len(cols) != 0 && len(cols) != len(files) {
-		return fmt.Errorf("--names has %d names for %d files", len(cols), len(files))
+	names := splitList(*namesFlag)
+	if len(names) != 0 && len(names) != len(cols) {
+		return fmt.Errorf("--names has %d names for %d columns", len(names), len(cols))
 	}
-	if len(cols) == 0 {
-		cols = files
+	if len(names) == 0 {
+		names = cols
 	}
 	var totals []map[string]int64
 	var sums []int64
 	unit := ""
-	for _, f := range files {
-		fh, err := os.Open(f)
-		if err != nil {
-			return err
+	for _, col := range cols {
+		var ts []map[string]int64
+		var ss []int64
+		for _, f := range splitList(col) {
+			fh, err := os.Open(f)
+			if err != nil {
+				return err
+			}
+			p, err := profile.Parse(fh)
+			fh.Close()
+			if err != nil {
+				return fmt.Errorf("%s: %w", f, err)
+			}
+			t, sum, u, err := stageTotals(p, *typ)
+			if err != nil {
+				return fmt.Errorf("%s: %w", f, err)
+			}
+			ts, ss, unit = append(ts, t), append(ss, sum), u
 		}
-		p, err := profile.Parse(fh)
-		fh.Close()
-		if err != nil {
-			return fmt.Errorf("%s: %w", f, err)
+		med := map[string]int64{}
+		for _, st := range allStages() {
+			var vs []int64
+			for _, t := range ts {
+				vs = append(vs, t[st])
+			}
+			med[st] = medianInt(vs)
 		}
-		t, sum, u, err := stageTotals(p, *typ)
-		if err != nil {
-			return fmt.Errorf("%s: %w", f, err)
-		}
-		totals, sums, unit = append(totals, t), append(sums, sum), u
+		totals, sums = append(totals, med), append(sums, medianInt(ss))
 	}
 	scale, perEvt, label := 1.0, "", unit
 	switch unit {
@@ -178,7 +196,7 @@ func stagesMain(w io.Writer, args []string) error {
 		perEvt = "per event"
 	}
 	fmt.Fprintf(w, "| stage |")
-	for _, c := range cols {
+	for _, c := range names {
 		fmt.Fprintf(w, " %s %s | %s %s | %% |", c, label, c, perEvt)
 	}
 	fmt.Fprintln(w)
@@ -207,4 +225,18 @@ func stagesMain(w io.Writer, args []string) error {
 	}
 	row("**total**", sums)
 	return nil
+}
+
+// medianInt is the median of vs (the mean of the middle two for an even count);
+// stage medians need not add up to the median total.
+func medianInt(vs []int64) int64 {
+	if len(vs) == 0 {
+		return 0
+	}
+	s := slices.Clone(vs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }

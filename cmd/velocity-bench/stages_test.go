@@ -58,3 +58,14 @@ func TestStageOf(t *testing.T) {
 		}
 	}
 }
+
+func TestMedianInt(t *testing.T) {
+	for _, tc := range []struct {
+		in   []int64
+		want int64
+	}{{nil, 0}, {[]int64{5}, 5}, {[]int64{3, 1, 2}, 2}, {[]int64{4, 1, 3, 2}, 2}, {[]int64{10, 20}, 15}} {
+		if got := medianInt(tc.in); got != tc.want {
+			t.Errorf("medianInt(%v) = %d, want %d", tc.in, got, tc.want)
+		}
+	}
+}
