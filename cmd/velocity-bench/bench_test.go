@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"maps"
 	"math"
+	"strings"
 	"testing"
 	"time"
 )
@@ -209,4 +210,34 @@ func TestCheckLoopback(t *testing.T) {
 	if err := checkLoopback([]string{"10.0.0.5:9092"}); err == nil {
 		t.Error("a non-loopback broker was accepted")
 	}
+}
+
+// FuzzProcSpecAndVCAlt: the parsers of --processors and --vc-alt never panic, and
+// what they accept is what was written: a spec keeps its text as its name and a
+// bin= option names a non-empty build; every --vc-alt pair comes back by its name.
+func FuzzProcSpecAndVCAlt(f *testing.F) {
+	for _, s := range []string{"ours", "ours:eos:late=2s", "ours:bin=new", "floor", "kstreams:eos", "ours:bin=", "a=/x,b=/y", "=", ",,", "ours:late=1h:bin=x:eos"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if p, err := ParseProcSpec(s); err == nil {
+			if p.Name != strings.TrimSpace(s) {
+				t.Fatalf("ParseProcSpec(%q): name %q", s, p.Name)
+			}
+			if strings.Contains(s, "bin=") && p.Kind == "ours" && p.Bin == "" {
+				t.Fatalf("ParseProcSpec(%q) accepted an empty build name", s)
+			}
+			if p.Kind != "ours" && p.Bin != "" {
+				t.Fatalf("ParseProcSpec(%q): a %s with a build", s, p.Kind)
+			}
+		}
+		if m, err := parseVCAlt(s); err == nil {
+			for _, f := range splitList(s) {
+				name, path, _ := strings.Cut(f, "=")
+				if m[name] != path {
+					t.Fatalf("parseVCAlt(%q)[%q] = %q, want %q", s, name, m[name], path)
+				}
+			}
+		}
+	})
 }
