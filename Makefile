@@ -10,6 +10,7 @@
 #   make docs               regenerate docs/flags.md from the flag definitions
 #   make kafka-start | kafka-stop | kafka-status   a broker on 127.0.0.1:9092 for development
 #   make bench-peers        ours against Kafka Streams and the seed Python library (BENCHMARKS.md)
+#   make bench-floor        ours against the transport floor, profiled, with the CPU account by stage
 #   make bench-api          the query API under lookup load while ingesting at half of peak
 #   make chaos              the randomized fault checker's long schedules (docs/fault-checker.md);
 #                           its short schedule runs inside test-integration
@@ -35,7 +36,7 @@ GOTESTFLAGS ?=
 VELOCITY_REQUIRE_PYTHON ?= 1
 export VELOCITY_REQUIRE_PYTHON
 
-.PHONY: demo test test-unit test-integration check docs kafka-start kafka-stop kafka-status bench-peers bench-api chaos
+.PHONY: demo test test-unit test-integration check docs kafka-start kafka-stop kafka-status bench-peers bench-floor bench-api chaos
 
 demo:
 	$(GO) run ./cmd/velocity-consumer demo
@@ -114,6 +115,19 @@ bench-peers:
 	bin/velocity-bench seq --out $(BENCH_DIR)/seq-100k.bin --entities 100000 --events 1000000
 	python3 bench/python/seed_window.py $(BENCH_DIR)/seq-100k.bin --passes 5
 	VELOCITY_BENCH_SEQ=$(BENCH_DIR)/seq-100k.bin $(GO) test -run '^$$' -bench SeedSequence -count 5 ./cmd/velocity-bench/
+
+# BENCHMARKS.md, "Against the transport floor" and "Where ours spends its CPU above the
+# floor": floor, ours and ours --exactly-once in the same rounds on BENCH_BROKERS, each run
+# profiled, then the CPU account by stage: per processor, the median over its runs (both
+# entity counts).
+bench-floor:
+	$(GO) build -o bin/velocity-consumer ./cmd/velocity-consumer
+	$(GO) build -o bin/velocity-bench ./cmd/velocity-bench
+	rm -rf $(BENCH_DIR)-floor && mkdir -p $(BENCH_DIR)-floor
+	bin/velocity-bench compare --brokers $(BENCH_BROKERS) --rounds $(BENCH_ROUNDS) --events 1000000 --entities 100000,1000000 \
+		--processors floor,ours,ours:eos --latency-processors '' --vc bin/velocity-consumer --workdir $(BENCH_DIR)-floor --profile
+	d=$(BENCH_DIR)-floor; runs() { ls $$d/vb-*-"$$1"/cpu.pprof | paste -sd, -; }; \
+	bin/velocity-bench stages --names floor,ours,ours:eos "$$(runs floor)" "$$(runs ours)" "$$(runs ours-eos)"
 
 # BENCHMARKS.md, "Query API": needs the broker of `make kafka-start` (or
 # BENCH_BROKERS). Peak run, then half of it paced, without and with 20 000 lookups/s.

@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"maps"
 	"math"
+	"strings"
 	"testing"
 	"time"
 )
@@ -150,9 +152,36 @@ func TestParseProcSpec(t *testing.T) {
 	if err != nil || p.Kind != "ours" || !p.EOS || p.Lateness != 2*time.Second {
 		t.Errorf("ours:eos:late=2s → %+v, %v", p, err)
 	}
-	for _, bad := range []string{"flink", "kstreams:late=1s", "ours:late=-1s", "ours:fast"} {
+	if p, err := ParseProcSpec("ours:bin=new:eos"); err != nil || p.Bin != "new" || !p.EOS {
+		t.Errorf("ours:bin=new:eos → %+v, %v", p, err)
+	}
+	for _, bad := range []string{"flink", "kstreams:late=1s", "ours:late=-1s", "ours:fast", "ours:bin=", "kstreams:bin=x", "floor:bin=x"} {
 		if _, err := ParseProcSpec(bad); err == nil {
 			t.Errorf("ParseProcSpec(%q) accepted", bad)
+		}
+	}
+}
+
+func TestParseVCAlt(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want map[string]string
+		ok   bool
+	}{
+		{"", map[string]string{}, true},
+		{"old=/tmp/a,new=/tmp/b", map[string]string{"old": "/tmp/a", "new": "/tmp/b"}, true},
+		{"old", nil, false},
+		{"=/tmp/a", nil, false},
+		{"old=", nil, false},
+		{"a=/x,a=/y", nil, false},
+	} {
+		got, err := parseVCAlt(tc.in)
+		if (err == nil) != tc.ok {
+			t.Errorf("parseVCAlt(%q) error %v, want ok=%v", tc.in, err, tc.ok)
+			continue
+		}
+		if tc.ok && !maps.Equal(got, tc.want) {
+			t.Errorf("parseVCAlt(%q) = %v, want %v", tc.in, got, tc.want)
 		}
 	}
 }
@@ -181,4 +210,34 @@ func TestCheckLoopback(t *testing.T) {
 	if err := checkLoopback([]string{"10.0.0.5:9092"}); err == nil {
 		t.Error("a non-loopback broker was accepted")
 	}
+}
+
+// FuzzProcSpecAndVCAlt: the parsers of --processors and --vc-alt never panic, and
+// what they accept is what was written: a spec keeps its text as its name and a
+// bin= option names a non-empty build; every --vc-alt pair comes back by its name.
+func FuzzProcSpecAndVCAlt(f *testing.F) {
+	for _, s := range []string{"ours", "ours:eos:late=2s", "ours:bin=new", "floor", "kstreams:eos", "ours:bin=", "a=/x,b=/y", "=", ",,", "ours:late=1h:bin=x:eos"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if p, err := ParseProcSpec(s); err == nil {
+			if p.Name != strings.TrimSpace(s) {
+				t.Fatalf("ParseProcSpec(%q): name %q", s, p.Name)
+			}
+			if strings.Contains(s, "bin=") && p.Kind == "ours" && p.Bin == "" {
+				t.Fatalf("ParseProcSpec(%q) accepted an empty build name", s)
+			}
+			if p.Kind != "ours" && p.Bin != "" {
+				t.Fatalf("ParseProcSpec(%q): a %s with a build", s, p.Kind)
+			}
+		}
+		if m, err := parseVCAlt(s); err == nil {
+			for _, f := range splitList(s) {
+				name, path, _ := strings.Cut(f, "=")
+				if m[name] != path {
+					t.Fatalf("parseVCAlt(%q)[%q] = %q, want %q", s, name, m[name], path)
+				}
+			}
+		}
+	})
 }

@@ -53,12 +53,14 @@ func cmdCompare(ctx context.Context, args []string) error {
 	javaOpts := fs.String("java-opts", "-Xmx1g -XX:+UseG1GC", "JVM options for the peer, space-separated")
 	idle := fs.Duration("idle-timeout", 200*time.Millisecond, "our --idle-timeout: releases the last reorder-buffered events at the end of the input")
 	ckpt := fs.String("checkpoint", "file", "our checkpoint store: file (fresh directory per run) or memory")
+	vcAlt := fs.String("vc-alt", "", "other velocity-consumer builds, NAME=PATH comma-separated, run by processors ours:bin=NAME in the same rounds as --vc (before/after ratios)")
 	vcExtra := fs.String("vc-args", "", "extra flags for our run, space-separated")
 	out := fs.String("out", "", "results file, one JSON line per run (default WORKDIR/results.jsonl)")
 	workDir := fs.String("workdir", "", "scratch directory for logs and state (default a new directory under $TMPDIR)")
 	timeout := fs.Duration("run-timeout", 10*time.Minute, "give up on a run that has not answered every input after this long")
 	stall := fs.Duration("stall-timeout", 90*time.Second, "fail a run whose outputs have not grown for this long (includes the JVM's startup)")
 	keep := fs.Bool("keep", false, "keep topics and state after each run")
+	profile := fs.Bool("profile", false, "ours and floor write CPU and allocation profiles (cpu.pprof, mem.pprof) into each run's directory under --workdir")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -90,8 +92,16 @@ func cmdCompare(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("the floor processor runs this binary: %w", err)
 	}
+	alt, err := parseVCAlt(*vcAlt)
+	if err != nil {
+		return err
+	}
+	env := procEnv{VC: *vc, VCAlt: alt}
 	for _, p := range append(tp, lp...) {
-		path := *vc
+		if _, ok := alt[p.Bin]; p.Bin != "" && !ok {
+			return fmt.Errorf("processor %s: --vc-alt names no build %q", p.Name, p.Bin)
+		}
+		path := env.vcFor(p)
 		switch p.Kind {
 		case "kstreams":
 			path = *jar
@@ -124,9 +134,9 @@ func cmdCompare(ctx context.Context, args []string) error {
 		brokers: bl, adm: adm, workDir: *workDir, runTimeout: *timeout, stallTimeout: *stall, keep: *keep,
 		tag: strconv.FormatInt(time.Now().Unix()%1_000_000, 36),
 		env: procEnv{
-			Brokers: strings.Join(bl, ","), VC: *vc, Jar: *jar, Java: *java,
+			Brokers: strings.Join(bl, ","), VC: *vc, VCAlt: alt, Jar: *jar, Java: *java,
 			JavaOpts: strings.Fields(*javaOpts), IdleTimeout: *idle, Checkpoint: *ckpt,
-			VCExtra: strings.Fields(*vcExtra), Self: self,
+			VCExtra: strings.Fields(*vcExtra), Self: self, Profile: *profile,
 		},
 	}
 	f, err := os.OpenFile(*out, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -190,6 +200,22 @@ func cmdCompare(ctx context.Context, args []string) error {
 	}
 	fmt.Println(Report(all))
 	return nil
+}
+
+// parseVCAlt parses --vc-alt: NAME=PATH pairs, comma-separated.
+func parseVCAlt(s string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, f := range splitList(s) {
+		name, path, ok := strings.Cut(f, "=")
+		if !ok || name == "" || path == "" || strings.ContainsAny(name, ":,") {
+			return nil, fmt.Errorf("--vc-alt %q: want NAME=PATH", f)
+		}
+		if _, dup := out[name]; dup {
+			return nil, fmt.Errorf("--vc-alt names %q twice", name)
+		}
+		out[name] = path
+	}
+	return out, nil
 }
 
 func describe(r Result) string {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/velocity-consumer/velocity-consumer/internal/profiling"
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/service"
 	"github.com/velocity-consumer/velocity-consumer/pkg/sink"
@@ -87,9 +88,20 @@ func cmdFloorProc(ctx context.Context, args []string) error {
 	group := fs.String("group", "", "consumer group; required")
 	input := fs.String("input-topic", "", "input topic; required")
 	output := fs.String("output-topic", "", "output topic; required")
+	cpuProf := fs.String("cpu-profile", "", "write a CPU profile of the whole run to this file")
+	memProf := fs.String("mem-profile", "", "write an allocation profile to this file at exit")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	stopProfiles, err := profiling.Start(*cpuProf, *memProf)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := stopProfiles(); err != nil {
+			fmt.Fprintf(os.Stderr, "floor-proc: %v\n", err)
+		}
+	}()
 	if *group == "" || *input == "" || *output == "" {
 		return fmt.Errorf("--group, --input-topic and --output-topic are required")
 	}

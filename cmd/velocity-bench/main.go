@@ -10,6 +10,7 @@
 //	                          and the Go benchmark BenchmarkSeedSequence in this directory
 //	velocity-bench equal      run ours and Kafka Streams on one workload and compare their features
 //	                          record by record, each difference explained (equal.go, equalcmp.go)
+//	velocity-bench stages     account CPU or allocation profiles (compare --profile) by hot-path stage
 //
 // A processor is a child process: our binary's `run`, the Kafka Streams peer in
 // bench/kstreams, or the floor (this binary's hidden `floor-proc`, floor.go): a
@@ -42,6 +43,7 @@ Usage:
   velocity-bench produce   [flags]   write one seeded workload to a topic
   velocity-bench seq       [flags]   write a workload's event sequence to a file
   velocity-bench equal     [flags]   ours and Kafka Streams on one workload: are the features equal, and why not
+  velocity-bench stages    [flags] PROFILE...   CPU or allocation profiles by stage of the hot path
 
 Run 'velocity-bench <command> --help' for a command's flags.`
 
@@ -51,6 +53,7 @@ var commands = map[string]func(context.Context, []string) error{
 	"produce":   cmdProduce,
 	"seq":       cmdSeq,
 	"equal":     cmdEqual,
+	"stages":    cmdStages,
 	// Hidden: the floor processor, started by compare as a child (floor.go).
 	"floor-proc": cmdFloorProc,
 }

@@ -15,11 +15,14 @@ import (
 // ProcSpec names a processor under test: "ours", "kstreams" or "floor", then options
 // joined by ':' — "eos" (exactly-once: our --exactly-once, Streams' exactly_once_v2) and,
 // for ours, "late=DUR" (--allowed-lateness, default 0: the pipeline's latency without the
-// reorder wait). "floor" is the transport ceiling (floor.go) and takes no options.
+// reorder wait) and "bin=NAME" (run the build --vc-alt names NAME instead of --vc, so
+// that two builds run in the same rounds on the same input: a before/after ratio).
+// "floor" is the transport ceiling (floor.go) and takes no options.
 type ProcSpec struct {
 	Kind     string // "ours" | "kstreams" | "floor"
 	EOS      bool
 	Lateness time.Duration
+	Bin      string // ours: a --vc-alt name, or "" for --vc
 	Name     string // the spec as written, used in tables
 }
 
@@ -43,8 +46,10 @@ func ParseProcSpec(s string) (ProcSpec, error) {
 				return p, fmt.Errorf("processor %q: late=%s is not a duration >= 0", s, strings.TrimPrefix(o, "late="))
 			}
 			p.Lateness = d
+		case strings.HasPrefix(o, "bin=") && p.Kind == "ours" && len(o) > len("bin="):
+			p.Bin = strings.TrimPrefix(o, "bin=")
 		default:
-			return p, fmt.Errorf("processor %q: unknown option %q (want eos, or late=DUR for ours)", s, o)
+			return p, fmt.Errorf("processor %q: unknown option %q (want eos, or late=DUR or bin=NAME for ours)", s, o)
 		}
 	}
 	return p, nil
@@ -69,10 +74,11 @@ func ParseProcSpecs(s string) ([]ProcSpec, error) {
 // procEnv is how to start the processors.
 type procEnv struct {
 	Brokers     string
-	VC          string   // path to the velocity-consumer binary
-	Jar         string   // path to bench/kstreams/target/velocity-kstreams.jar
-	Java        string   // java executable
-	JavaOpts    []string // e.g. -Xmx1g
+	VC          string            // path to the velocity-consumer binary
+	VCAlt       map[string]string // other builds of it by name (ProcSpec.Bin)
+	Jar         string            // path to bench/kstreams/target/velocity-kstreams.jar
+	Java        string            // java executable
+	JavaOpts    []string          // e.g. -Xmx1g
 	IdleTimeout time.Duration
 	Checkpoint  string // "file" (a fresh directory per run) or "memory"
 	VCExtra     []string
@@ -80,6 +86,25 @@ type procEnv struct {
 	// MetricsAddr, when set, is where ours serves /metrics (latency runs read its
 	// velocity_added_latency_seconds there); empty turns its metrics off.
 	MetricsAddr string
+	// Profile makes ours and the floor write cpu.pprof and mem.pprof (see
+	// internal/profiling) into each run's directory.
+	Profile bool
+}
+
+// vcFor is the velocity-consumer binary that runs p.
+func (e procEnv) vcFor(p ProcSpec) string {
+	if p.Bin != "" {
+		return e.VCAlt[p.Bin]
+	}
+	return e.VC
+}
+
+// profileArgs are the profiling flags for a run in dir (none unless Profile).
+func (e procEnv) profileArgs(dir string) []string {
+	if !e.Profile {
+		return nil
+	}
+	return []string{"--cpu-profile", filepath.Join(dir, "cpu.pprof"), "--mem-profile", filepath.Join(dir, "mem.pprof")}
 }
 
 // command builds the child process for one run; dir is the run's scratch directory.
@@ -106,8 +131,8 @@ func (e procEnv) command(p ProcSpec, input, output, dlq, group, dir string) (*ex
 		if p.EOS {
 			args = append(args, "--exactly-once")
 		}
-		args = append(args, e.VCExtra...)
-		cmd = exec.Command(e.VC, args...)
+		args = append(append(args, e.profileArgs(dir)...), e.VCExtra...)
+		cmd = exec.Command(e.vcFor(p), args...)
 	case "kstreams":
 		mode := "alo"
 		if p.EOS {
@@ -117,11 +142,11 @@ func (e procEnv) command(p ProcSpec, input, output, dlq, group, dir string) (*ex
 			e.Brokers, input, output, group, filepath.Join(dir, "kstreams-state"), mode)
 		cmd = exec.Command(e.Java, args...)
 	case "floor":
-		cmd = exec.Command(e.Self, "floor-proc",
+		cmd = exec.Command(e.Self, append([]string{"floor-proc",
 			"--brokers", e.Brokers,
 			"--group", group,
 			"--input-topic", input,
-			"--output-topic", output)
+			"--output-topic", output}, e.profileArgs(dir)...)...)
 	default:
 		return nil, fmt.Errorf("unknown processor kind %q", p.Kind)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
+	"github.com/velocity-consumer/velocity-consumer/internal/profiling"
 	"github.com/velocity-consumer/velocity-consumer/pkg/kafkaconn"
 	"github.com/velocity-consumer/velocity-consumer/pkg/metrics"
 	"github.com/velocity-consumer/velocity-consumer/pkg/registry"
@@ -42,6 +43,7 @@ type runFlags struct {
 	interval                           time.Duration
 	metricsAddr                        string
 	pprof                              bool
+	cpuProfile, memProfile             string
 	logLevel, logFormat                string
 	maxPendingBytes                    int64
 	producers                          int
@@ -65,6 +67,8 @@ func (r *runFlags) register(e *envFlags) {
 	e.Duration(&r.interval, "checkpoint-interval", 5*time.Second, "how often each partition flushes, snapshots and commits")
 	e.String(&r.metricsAddr, "metrics-addr", ":9090", "listen address for /metrics, /healthz and /readyz, e.g. 127.0.0.1:9090 for loopback only (empty disables; they carry no entity data)")
 	e.Bool(&r.pprof, "pprof", false, "also serve Go's profiler at /debug/pprof/ on --metrics-addr (CPU, heap and goroutine profiles, which show code, not data; serve it only where operators alone can reach it)")
+	e.String(&r.cpuProfile, "cpu-profile", "", "write a CPU profile of the whole run to this file (for benchmarks: go tool pprof FILE)")
+	e.String(&r.memProfile, "mem-profile", "", "write an allocation profile (heap profile with every allocation since the start) to this file at exit (for benchmarks)")
 	e.String(&r.logLevel, "log-level", "info", "debug, info, warn or error")
 	e.String(&r.logFormat, "log-format", "json", "json or console")
 	e.Int64(&r.maxPendingBytes, "max-pending-bytes", 32<<20, "per partition: pause fetching while this many produced bytes await acknowledgement")
@@ -161,6 +165,15 @@ func cmdRun(ctx context.Context, args []string) error {
 		return err
 	}
 	defer log.Sync() //nolint:errcheck // nothing useful to do on a failed log flush at exit
+	stopProfiles, err := profiling.Start(r.cpuProfile, r.memProfile)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := stopProfiles(); err != nil {
+			log.Error("profile not written", zap.Error(err))
+		}
+	}()
 	if _, _, err := r.conn.clientOpts(log); err != nil {
 		return err
 	}

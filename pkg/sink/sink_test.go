@@ -471,3 +471,136 @@ func TestLineageHeaders(t *testing.T) {
 		}
 	}
 }
+
+// asyncProducer acknowledges each record on one of several goroutines, in an
+// order that interleaves them, as a client with connections to several brokers
+// does.
+type asyncProducer struct{ acks []chan func() }
+
+func newAsyncProducer(n int) *asyncProducer {
+	p := &asyncProducer{}
+	for range n {
+		c := make(chan func(), 64)
+		p.acks = append(p.acks, c)
+		go func() {
+			for f := range c {
+				f()
+			}
+		}()
+	}
+	return p
+}
+
+func (p *asyncProducer) Produce(_ context.Context, r *kgo.Record, promise func(*kgo.Record, error)) {
+	p.acks[int(r.Key[0])%len(p.acks)] <- func() { promise(r, nil) }
+}
+
+func (p *asyncProducer) close() {
+	for _, c := range p.acks {
+		close(c)
+	}
+}
+
+// TestEpochsUnderConcurrentAcks: with acknowledgements arriving on other
+// goroutines while the producing one goes on producing and cutting, every
+// epoch ends once its records are acknowledged, a Flush in between returns,
+// and at the end nothing is counted as pending.
+func TestEpochsUnderConcurrentAcks(t *testing.T) {
+	for _, tc := range []struct {
+		name              string
+		ackers, records   int
+		cutEvery, flushAt int
+	}{
+		{"one acker", 1, 20_000, 997, 10_000},
+		{"four ackers", 4, 20_000, 251, 5_000},
+		{"cut every record", 3, 5_000, 1, 2_500},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ap := newAsyncProducer(tc.ackers)
+			defer ap.close()
+			tr := New(ap, "out", "dlq", "h").NewTracker(nil)
+			tr.SetClock(1_700_000_000_000)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			var epochs []*Epoch
+			val := bytes.Repeat([]byte{1}, 100)
+			for i := range tc.records {
+				tr.Features([]byte{byte(i), byte(i >> 8)}, val, 1)
+				if i%tc.cutEvery == tc.cutEvery-1 {
+					epochs = append(epochs, tr.Cut())
+				}
+				if i == tc.flushAt {
+					if err := tr.Flush(ctx); err != nil {
+						t.Fatalf("Flush at record %d: %v", i, err)
+					}
+					if n := tr.PendingBytes(); n != 0 {
+						t.Fatalf("after Flush, %d bytes pending", n)
+					}
+				}
+			}
+			epochs = append(epochs, tr.Cut())
+			for i, e := range epochs {
+				if err := e.Wait(ctx); err != nil {
+					t.Fatalf("epoch %d of %d never ended: %v", i, len(epochs), err)
+				}
+			}
+			if err := tr.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if n, f := tr.PendingBytes(), tr.inflight(); n != 0 || f != 0 {
+				t.Fatalf("at the end %d bytes and %d records pending, want 0", n, f)
+			}
+		})
+	}
+}
+
+// TestSlabNotReusedWhileInFlight: one record left unacknowledged keeps its
+// slab out of reuse however many records follow, while slabs whose records
+// are all acknowledged are reused.
+func TestSlabNotReusedWhileInFlight(t *testing.T) {
+	fp := &fakeProducer{}
+	tr := New(fp, "out", "dlq", "h").NewTracker(nil)
+	tr.SetClock(1_700_000_000_000)
+	const held = 5
+	for i := range 3 * slabLen {
+		tr.Features([]byte(fmt.Sprintf("k%d", i)), []byte(fmt.Sprintf("v%d", i)), 1)
+	}
+	pend, live := fp.take(), fp.live
+	heldRec := live[held]
+	for i, ack := range pend {
+		if i != held {
+			ack(nil)
+		}
+	}
+	seen := map[*kgo.Record]bool{}
+	for round := range 20 {
+		for i := range slabLen {
+			tr.Features([]byte(fmt.Sprintf("r%d-%d", round, i)), []byte("x"), 1)
+		}
+		fp.mu.Lock()
+		fresh := fp.live[len(fp.live)-slabLen:]
+		fp.mu.Unlock()
+		for _, r := range fresh {
+			if r == heldRec {
+				t.Fatalf("round %d: the in-flight record's pending was handed out again", round)
+			}
+			seen[r] = true
+		}
+		fp.settle(nil)
+	}
+	if string(heldRec.Key) != fmt.Sprintf("k%d", held) || string(heldRec.Value) != fmt.Sprintf("v%d", held) {
+		t.Fatalf("in-flight record overwritten: key %q value %q", heldRec.Key, heldRec.Value)
+	}
+	// 20 × slabLen records went out, acknowledged a slab at a time: slabs were
+	// reused, so far fewer distinct pendings than records.
+	if len(seen) > 4*slabLen {
+		t.Errorf("%d distinct pendings for %d records: acknowledged slabs are not reused", len(seen), 20*slabLen)
+	}
+	if left := fp.take(); len(left) != 0 {
+		t.Fatalf("%d promises left besides the held one", len(left))
+	}
+	pend[held](nil)
+	if err := tr.Cut().Wait(context.Background()); err != nil || tr.PendingBytes() != 0 {
+		t.Fatalf("after the last promise: %v, %d bytes pending", err, tr.PendingBytes())
+	}
+}

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/google/pprof/profile"
+)
+
+// stack builds sample locations from function names, leaf first; a name list
+// in one element is one location with inlined calls (innermost first).
+func stack(frames ...[]string) []*profile.Location {
+	var locs []*profile.Location
+	for _, f := range frames {
+		l := &profile.Location{}
+		for _, name := range f {
+			l.Line = append(l.Line, profile.Line{Function: &profile.Function{Name: name}})
+		}
+		locs = append(locs, l)
+	}
+	return locs
+}
+
+func fr(names ...string) []string { return names }
+
+func TestStageOf(t *testing.T) {
+	const vc = "github.com/velocity-consumer/velocity-consumer"
+	for _, tc := range []struct {
+		name  string
+		locs  []*profile.Location
+		stage string
+	}{
+		{"an allocation counts where it is made", stack(fr("runtime.mallocgc"), fr("runtime.slicebytetostring"),
+			fr(vc+"/pkg/codec.decodeTransaction"), fr(vc+"/pkg/pipeline.(*Processor).Process")), "decode"},
+		{"a GC assist is GC, not its caller", stack(fr("runtime.scanobject"), fr("runtime.gcAssistAlloc"), fr("runtime.mallocgc"),
+			fr(vc+"/pkg/codec.decodeTransaction")), "GC"},
+		{"encode before decode: both are in pkg/codec", stack(fr(vc+"/pkg/codec.appendLong", vc+"/pkg/codec.AppendFeatures"),
+			fr(vc+"/pkg/pipeline.(*Processor).emitReleased")), "encode"},
+		{"dedupe inside the watermark stage", stack(fr(vc+"/pkg/watermark.(*idShard).grow"), fr(vc+"/pkg/watermark.(*Stage).Offer")), "dedupe"},
+		{"the rest of the watermark stage is the reorder buffer", stack(fr(vc+"/pkg/watermark.(*Stage).enqueue"), fr(vc+"/pkg/watermark.(*Stage).Offer")), "reorder"},
+		{"a snapshot of the window table is the checkpoint's", stack(fr(vc+"/pkg/window.(*PendingSnapshot).take"), fr(vc+"/pkg/service.(*worker).advanceSweep")), "checkpoint"},
+		{"the window update", stack(fr(vc+"/pkg/window.(*Table).applyRings"), fr(vc+"/pkg/window.(*Table).Apply")), "window update"},
+		{"compression inside the client's request encoding", stack(fr("github.com/pierrec/lz4/v4/internal/lz4block.(*Compressor).CompressBlock"),
+			fr("github.com/twmb/franz-go/pkg/kgo.seqRecBatch.appendTo")), "produce: compression"},
+		{"the client's buffering called from our sink", stack(fr("github.com/twmb/franz-go/pkg/kgo.(*recBuf).bufferRecord"),
+			fr(vc+"/pkg/sink.(*Tracker).produce")), "produce: client buffering"},
+		{"our promise called by the client", stack(fr(vc+"/pkg/sink.promise"), fr("github.com/twmb/franz-go/pkg/kgo.(*producer).finishPromises")), "produce: our sink"},
+		{"a histogram observed in a promise is metrics", stack(fr("github.com/prometheus/client_golang/prometheus.(*histogram).Observe"),
+			fr(vc+"/pkg/sink.promise")), "metrics"},
+		{"a system call of the client is the client's", stack(fr("internal/runtime/syscall/linux.Syscall6"), fr("syscall.Syscall"),
+			fr("github.com/twmb/franz-go/pkg/kgo.(*brokerCxn).writeConn")), "kafka client: network, group, other"},
+		{"the floor's own record allocation", stack(fr("runtime.mallocgc"), fr("main.cmdFloorProc.func3"),
+			fr("github.com/twmb/franz-go/pkg/kgo.Fetches.EachRecord")), "floor loop"},
+		{"the scheduler", stack(fr("runtime.futex"), fr("runtime.findRunnable"), fr("runtime.schedule")), "runtime: scheduler, syscalls, other"},
+		{"nothing known", stack(fr("main.other")), "other"},
+	} {
+		if got := stageOf(tc.locs); got != tc.stage {
+			t.Errorf("%s: stage %q, want %q", tc.name, got, tc.stage)
+		}
+	}
+}
+
+func TestMedianInt(t *testing.T) {
+	for _, tc := range []struct {
+		in   []int64
+		want int64
+	}{{nil, 0}, {[]int64{5}, 5}, {[]int64{3, 1, 2}, 2}, {[]int64{4, 1, 3, 2}, 2}, {[]int64{10, 20}, 15}} {
+		if got := medianInt(tc.in); got != tc.want {
+			t.Errorf("medianInt(%v) = %d, want %d", tc.in, got, tc.want)
+		}
+	}
+}
