@@ -30,12 +30,16 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -148,11 +152,22 @@ func cmdAPILoad(ctx context.Context, args []string) error {
 	d := fs.Duration("duration", 20*time.Second, "how long to send")
 	entities := fs.Int("entities", 100000, "entity ids card-0000000 … are drawn uniformly from this many")
 	conns := fs.Int("conns", 64, "concurrent connections (workers)")
+	cpuProfile := fs.String("cpuprofile", "", "write this process's CPU profile here")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *base == "" || *rate <= 0 || *conns <= 0 {
 		return errors.New("apiload: --url, a positive --rate and --conns are required")
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
 	}
 	u, err := url.Parse(*base)
 	if err != nil || u.Scheme != "http" {
@@ -269,8 +284,13 @@ func cmdAPI(ctx context.Context, args []string) error {
 	conns := fs.Int("conns", 64, "load generator connections")
 	phase := fs.Duration("phase", 25*time.Second, "length of each phase (without, then with lookups)")
 	workdir := fs.String("workdir", "bin/bench-api", "scratch directory (processor logs)")
+	profile := fs.Bool("profile", false, "write CPU profiles of the second phase to --workdir: our binary's (service.prof, 10 s from its 5th second) and the load generator's (apiload.prof)")
+	brokerPID := fs.Int("broker-pid", 0, "the broker's process id, for its CPU (default: $KAFKA_LOCAL_STATE/kafka.pid, as scripts/kafka-local.sh writes it; none: not reported)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *brokerPID == 0 {
+		*brokerPID = localBrokerPID()
 	}
 	bs := splitList(*brokers)
 	if err := checkLoopback(bs); err != nil {
@@ -355,6 +375,16 @@ func cmdAPI(ctx context.Context, args []string) error {
 	}
 	base := "http://127.0.0.1:" + strconv.Itoa(port)
 	env.VCExtra = []string{"--api-addr", "127.0.0.1:" + strconv.Itoa(port)}
+	var metricsBase string
+	if *profile {
+		mport, err := freeTCPPort()
+		if err != nil {
+			return err
+		}
+		metricsBase = "http://127.0.0.1:" + strconv.Itoa(mport)
+		env.MetricsAddr = "127.0.0.1:" + strconv.Itoa(mport)
+		env.VCExtra = append(env.VCExtra, "--pprof")
+	}
 	dir := filepath.Join(*workdir, "paced")
 	_ = os.MkdirAll(dir, 0o755)
 	cmd, err := env.command(spec, in, out, dlq, group, dir)
@@ -383,18 +413,18 @@ func cmdAPI(ctx context.Context, args []string) error {
 		_, err := producePaced(pctx, cl, g, rate, total, map[string]int64{})
 		prodDone <- err
 	}()
+	loadPID := 0 // the load generator's, once started
 	type mark struct {
 		at  time.Time
 		out int64
-		cpu time.Duration
+		cpu apiCPU // so far, each field a total of CPU seconds
 	}
 	sample := func() (mark, error) {
 		n, err := endOffsetSum(ctx, adm, out, dlq)
 		if err != nil {
 			return mark{}, err
 		}
-		ps, _ := sampleProc(c.cmd.Process.Pid)
-		return mark{time.Now(), n, ps.CPU}, nil
+		return mark{time.Now(), n, markAPICPU(c.cmd.Process.Pid, loadPID, *brokerPID)}, nil
 	}
 	sleep := func(d time.Duration) error {
 		select {
@@ -430,9 +460,13 @@ func cmdAPI(ctx context.Context, args []string) error {
 		return err
 	}
 	load.Stderr = os.Stderr
+	if *profile {
+		load.Args = append(load.Args, "--cpuprofile", filepath.Join(*workdir, "apiload.prof"))
+	}
 	if err := load.Start(); err != nil {
 		return err
 	}
+	loadPID = load.Process.Pid
 	go func() {
 		b, _ := io.ReadAll(bufio.NewReader(stdout))
 		loadOut = b
@@ -445,7 +479,17 @@ func cmdAPI(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := sleep(*phase - 6*time.Second); err != nil {
+	profDone := make(chan error, 1)
+	if *profile {
+		go func() {
+			profDone <- fetchProfile(ctx, metricsBase, 10*time.Second, filepath.Join(*workdir, "service.prof"))
+		}()
+	} else {
+		profDone <- nil
+	}
+	// b1 a second before the generator stops (it sends for phase − 1 s), so that
+	// it is still there to be measured.
+	if err := sleep(*phase - 7*time.Second); err != nil {
 		return err
 	}
 	b1, err := sample()
@@ -462,12 +506,15 @@ func cmdAPI(ctx context.Context, args []string) error {
 	if err := json.Unmarshal(loadOut, &rep); err != nil {
 		return fmt.Errorf("apiload report %q: %w", loadOut, err)
 	}
+	if err := <-profDone; err != nil {
+		return fmt.Errorf("service CPU profile: %w", err)
+	}
 	thr := func(a, b mark) float64 { return float64(b.out-a.out) / b.at.Sub(a.at).Seconds() }
-	cpu := func(a, b mark) float64 { return (b.cpu - a.cpu).Seconds() / b.at.Sub(a.at).Seconds() }
+	cpu := func(a, b mark) apiCPU { return b.cpu.since(a.cpu, b.at.Sub(a.at)) }
 	ta, tb := thr(a0, a1), thr(b0, b1)
 	fmt.Printf("paced input: %d events/s\n", rate)
-	fmt.Printf("ingestion without lookups: %.0f outputs/s (service CPU %.2f cores)\n", ta, cpu(a0, a1))
-	fmt.Printf("ingestion with lookups:    %.0f outputs/s (service CPU %.2f cores), %+.1f%%\n", tb, cpu(b0, b1), (tb/ta-1)*100)
+	fmt.Printf("ingestion without lookups: %.0f outputs/s (cores: %v)\n", ta, cpu(a0, a1))
+	fmt.Printf("ingestion with lookups:    %.0f outputs/s (cores: %v), %+.1f%%\n", tb, cpu(b0, b1), (tb/ta-1)*100)
 	fmt.Printf("lookups: %d sent in %.1f s, %.0f answered/s, statuses %v\n  latency from the scheduled send (open loop): p50 %.2f ms p99 %.2f ms p999 %.2f ms max %.1f ms, %d sent over 1 ms behind schedule\n  latency from the write on a free connection: p50 %.2f ms p99 %.2f ms\n",
 		rep.Sent, rep.Seconds, rep.PerSec, rep.Statuses, rep.P50Ms, rep.P99Ms, rep.P999Ms, rep.MaxMs, rep.Late, rep.SvcP50Ms, rep.SvcP99Ms)
 	pcancel()
@@ -481,4 +528,99 @@ func freeTCPPort() (int, error) {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// apiCPU is where the machine's CPU went during a phase of the api run, in cores (CPU
+// seconds per wall second) once turned into a rate by since: the two cores are shared
+// by the broker, the producer (this process), our binary and the load generator, and
+// which of them is short of CPU decides what a run can show.
+type apiCPU struct {
+	Machine, Service, Producer, LoadGen, Broker float64
+	hasLoad, hasBroker                          bool
+}
+
+// markAPICPU reads the CPU totals so far (seconds); loadPID and brokerPID 0 = none.
+func markAPICPU(svcPID, loadPID, brokerPID int) apiCPU {
+	secs := func(pid int) (float64, bool) {
+		if pid == 0 {
+			return 0, false
+		}
+		s, err := sampleProc(pid)
+		return s.CPU.Seconds(), err == nil
+	}
+	var m apiCPU
+	if busy, err := machineBusy(); err == nil {
+		m.Machine = busy.Seconds()
+	}
+	m.Service, _ = secs(svcPID)
+	m.Producer, _ = secs(os.Getpid())
+	m.LoadGen, m.hasLoad = secs(loadPID)
+	m.Broker, m.hasBroker = secs(brokerPID)
+	return m
+}
+
+// since is the use between a and m over wall, in cores.
+func (m apiCPU) since(a apiCPU, wall time.Duration) apiCPU {
+	w := wall.Seconds()
+	return apiCPU{
+		Machine: (m.Machine - a.Machine) / w, Service: (m.Service - a.Service) / w,
+		Producer: (m.Producer - a.Producer) / w, LoadGen: (m.LoadGen - a.LoadGen) / w,
+		Broker: (m.Broker - a.Broker) / w, hasLoad: m.hasLoad, hasBroker: m.hasBroker && a.hasBroker,
+	}
+}
+
+func (m apiCPU) String() string {
+	opt := func(ok bool, v float64) string {
+		if !ok {
+			return "-"
+		}
+		return strconv.FormatFloat(v, 'f', 2, 64)
+	}
+	return fmt.Sprintf("machine %.2f/%d, service %.2f, producer %.2f, load generator %s, broker %s",
+		m.Machine, runtime.NumCPU(), m.Service, m.Producer, opt(m.hasLoad, m.LoadGen), opt(m.hasBroker, m.Broker))
+}
+
+// localBrokerPID is the pid scripts/kafka-local.sh recorded under $KAFKA_LOCAL_STATE,
+// or 0. Only that broker: the machine may run other engineers' brokers too.
+func localBrokerPID() int {
+	dir := os.Getenv("KAFKA_LOCAL_STATE")
+	if dir == "" {
+		return 0
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "kafka.pid"))
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return 0
+	}
+	return pid
+}
+
+// fetchProfile saves a CPU profile of d from the Go profiler served at base.
+func fetchProfile(ctx context.Context, base string, d time.Duration, path string) error {
+	ctx, cancel := context.WithTimeout(ctx, d+10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/debug/pprof/profile?seconds="+strconv.Itoa(int(d.Seconds())), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", req.URL, resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
 }

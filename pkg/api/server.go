@@ -30,6 +30,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -84,11 +85,45 @@ type Server struct {
 	log    *zap.Logger
 	peers  *http.Client
 
-	reqPool sync.Pool // *service.ReadRequest of one lookup item
+	allWindows []int     // every window, in order: the selection of most lookups
+	windowHead [][]byte  // by window: the constant start of its part of an answer (encode.go)
+	reqPool    sync.Pool // *service.ReadRequest of one lookup item
 
 	requests  *prometheus.CounterVec
 	latency   *prometheus.HistogramVec
 	forwarded *prometheus.CounterVec
+	// The series each request updates, resolved once: WithLabelValues hashes its
+	// labels and formats the status code on every call.
+	latencyOf  [numOps]prometheus.Observer
+	requestsOf [numOps][600]atomic.Pointer[prometheus.Counter] // by status code, filled on first use
+}
+
+// op is an endpoint, the "op" label of the API's metrics.
+type op int
+
+const (
+	opOpenAPI op = iota
+	opBatch
+	opVelocity
+	opPreview
+	opOther
+	numOps
+)
+
+var opNames = [numOps]string{"openapi", "batch", "velocity", "preview", "other"}
+
+// requestCounter is the requests_total series of (o, code).
+func (s *Server) requestCounter(o op, code int) prometheus.Counter {
+	if code < 0 || code >= len(s.requestsOf[o]) {
+		return s.requests.WithLabelValues(opNames[o], strconv.Itoa(code))
+	}
+	slot := &s.requestsOf[o][code]
+	if c := slot.Load(); c != nil {
+		return *c
+	}
+	c := s.requests.WithLabelValues(opNames[o], strconv.Itoa(code))
+	slot.Store(&c) // a race stores the same series twice
+	return c
 }
 
 // New makes a Server.
@@ -108,7 +143,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	for i, sp := range s.specs {
 		s.byName[sp.Name] = i
+		s.allWindows = append(s.allWindows, i)
 	}
+	s.windowHead = windowHeads(s.specs)
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "velocity_api_requests_total", Help: "Query API requests by operation and HTTP status.",
 	}, []string{"op", "code"})
@@ -119,6 +156,9 @@ func New(cfg Config) (*Server, error) {
 	s.forwarded = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "velocity_api_forwarded_total", Help: "Query API requests (or batch parts) forwarded to the partition's owner, by outcome.",
 	}, []string{"outcome"})
+	for o := range numOps {
+		s.latencyOf[o] = s.latency.WithLabelValues(opNames[o])
+	}
 	if r := cfg.Registerer; r != nil {
 		for _, c := range []prometheus.Collector{s.requests, s.latency, s.forwarded} {
 			if err := r.Register(c); err != nil {
@@ -151,6 +191,10 @@ type statusWriter struct {
 	code int
 }
 
+// writerPool recycles statusWriters: one per request would be the handler's only
+// allocation on a lookup's path besides net/http's own.
+var writerPool = sync.Pool{New: func() any { return new(statusWriter) }}
+
 func (w *statusWriter) WriteHeader(code int) {
 	w.code = code
 	w.ResponseWriter.WriteHeader(code)
@@ -160,27 +204,31 @@ func (w *statusWriter) WriteHeader(code int) {
 // redirect ids such as "." or "a/../b" instead of answering for them.
 func (s *Server) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	w := &statusWriter{ResponseWriter: rw, code: http.StatusOK}
-	op := s.route(w, r)
-	s.requests.WithLabelValues(op, strconv.Itoa(w.code)).Inc()
-	s.latency.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	w := writerPool.Get().(*statusWriter)
+	*w = statusWriter{ResponseWriter: rw, code: http.StatusOK}
+	o := s.route(w, r)
+	code := w.code
+	*w = statusWriter{}
+	writerPool.Put(w)
+	s.requestCounter(o, code).Inc()
+	s.latencyOf[o].Observe(time.Since(start).Seconds())
 }
 
-func (s *Server) route(w http.ResponseWriter, r *http.Request) (op string) {
+func (s *Server) route(w http.ResponseWriter, r *http.Request) op {
 	path := r.URL.EscapedPath()
 	switch {
 	case path == "/v1/openapi.yaml":
 		if !s.method(w, r, http.MethodGet) {
-			return "openapi"
+			return opOpenAPI
 		}
 		w.Header().Set("Content-Type", "application/yaml")
 		_, _ = w.Write(apispec.OpenAPI)
-		return "openapi"
+		return opOpenAPI
 	case path == "/v1/velocity:batch":
 		if s.method(w, r, http.MethodPost) && s.authorized(w, r) {
 			s.batch(w, r)
 		}
-		return "batch"
+		return opBatch
 	case strings.HasPrefix(path, "/v1/entities/"):
 		rest := path[len("/v1/entities/"):]
 		i := strings.IndexByte(rest, '/')
@@ -193,16 +241,16 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) (op string) {
 			if s.method(w, r, http.MethodGet) && s.authorized(w, r) {
 				s.velocity(w, r, escID)
 			}
-			return "velocity"
+			return opVelocity
 		case "velocity:preview":
 			if s.method(w, r, http.MethodPost) && s.authorized(w, r) {
 				s.preview(w, r, escID)
 			}
-			return "preview"
+			return opPreview
 		}
 	}
 	writeError(w, errf(http.StatusNotFound, "not_found", "no such endpoint; see /v1/openapi.yaml"))
-	return "other"
+	return opOther
 }
 
 func (s *Server) method(w http.ResponseWriter, r *http.Request, want string) bool {
@@ -227,8 +275,12 @@ func (s *Server) authorized(w http.ResponseWriter, r *http.Request) bool {
 	return false
 }
 
+// jsonContentType is shared by every response's header map (net/http only reads it),
+// saving Header.Set's slice per response.
+var jsonContentType = []string{"application/json"}
+
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
+	w.Header()["Content-Type"] = jsonContentType
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
 }
@@ -311,6 +363,9 @@ func jsonTime(field string, raw json.RawMessage) (int64, *apiError) {
 
 // windows picks the windows to report: all, or those named (comma-separated, repeated).
 func (s *Server) windows(names []string) ([]int, *apiError) {
+	if len(names) == 0 {
+		return s.allWindows, nil
+	}
 	var idx []int
 	seen := map[int]bool{}
 	for _, v := range names {
@@ -330,9 +385,7 @@ func (s *Server) windows(names []string) ([]int, *apiError) {
 		}
 	}
 	if idx == nil {
-		for i := range s.specs {
-			idx = append(idx, i)
-		}
+		return s.allWindows, nil // shared: callers only read it
 	}
 	return idx, nil
 }
@@ -450,8 +503,7 @@ func itemError(err error) *apiError {
 // readLocal asks this instance's service for partition p. It returns nil when
 // answered, or why not: errNotHere (forward), or an error to give the caller.
 func (s *Server) readLocal(ctx context.Context, p int32, req *service.ReadRequest) *apiError {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.ReadTimeout)
-	defer cancel()
+	req.Timeout = s.cfg.ReadTimeout
 	switch err := s.cfg.Backend.Read(ctx, p, req); {
 	case err == nil:
 		return nil
@@ -620,10 +672,9 @@ func (s *Server) velocity(w http.ResponseWriter, r *http.Request, escID string) 
 	case req.Items[0].Err != nil:
 		writeError(w, itemError(req.Items[0].Err))
 	default:
-		v := s.velocityOf(&req.Items[0], p, sel)
 		bp := bufPool.Get().(*[]byte)
-		b := append(appendVelocity((*bp)[:0], &v), '\n')
-		w.Header().Set("Content-Type", "application/json")
+		b := append(s.appendLookup((*bp)[:0], &req.Items[0], p, sel), '\n')
+		w.Header()["Content-Type"] = jsonContentType
 		_, _ = w.Write(b)
 		*bp = b
 		bufPool.Put(bp)

@@ -3,6 +3,9 @@ package service
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -163,4 +166,102 @@ func startServiceB(b *testing.B, cfg Config) (*Service, func()) {
 	done := make(chan error, 1)
 	go func() { done <- svc.Run(ctx) }()
 	return svc, func() { cancel(); <-done }
+}
+
+// TestReadTimeout: a request whose worker does not serve it in time gives up with
+// context.DeadlineExceeded after its Timeout, and a request reused with a timeout
+// (its timer reset each time) is answered every time, never by a stale expiry.
+func TestReadTimeout(t *testing.T) {
+	stuck := &worker{queries: make(chan *ReadRequest, 1), done: make(chan struct{})}
+	s := &Service{workers: map[int32]*worker{0: stuck}}
+	req := NewReadRequest(1, 1)
+	req.Timeout = 20 * time.Millisecond
+	start := time.Now()
+	if err := s.Read(context.Background(), 0, req); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("unserved read: %v", err)
+	}
+	if el := time.Since(start); el < req.Timeout || el > 2*time.Second {
+		t.Fatalf("gave up after %v, timeout %v", el, req.Timeout)
+	}
+
+	// A worker that answers after 5 ms, reusing one request with a 50 ms timeout: a
+	// timer not reset, or still holding an old expiry, would fail some of them.
+	served := &worker{queries: make(chan *ReadRequest, 1), done: make(chan struct{})}
+	s = &Service{workers: map[int32]*worker{0: served}}
+	go func() {
+		for r := range served.queries {
+			time.Sleep(5 * time.Millisecond)
+			r.Specs = []window.Spec{}
+			r.done <- struct{}{}
+		}
+	}()
+	defer close(served.queries)
+	req = NewReadRequest(1, 1)
+	req.Timeout = 50 * time.Millisecond
+	for i := range 30 {
+		req.Specs = nil
+		if err := s.Read(context.Background(), 0, req); err != nil {
+			t.Fatalf("read %d: %v", i, err)
+		}
+	}
+}
+
+// TestConcurrentReadsInTurns: many readers at once, each one item, are served in
+// turns (several requests per wake-up) and every answer is the single read's.
+func TestConcurrentReadsInTurns(t *testing.T) {
+	brokers := newCluster(t, 1)
+	st := streamtest.Generate(inTopic, 6, 3000, 1)
+	produce(t, brokers, st.Records)
+	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
+	svc, _ := startService(t, cfg)
+	readOutputs(t, brokers, len(st.Records), time.Minute)
+	ctx := context.Background()
+	entities := map[string]bool{}
+	for _, e := range st.ByPart[0] {
+		entities[e.Entity] = true
+	}
+	want := map[string][]window.Agg{}
+	for ent := range entities {
+		req := NewReadRequest(1, len(cfg.Specs))
+		req.Items[0].Entity, req.Items[0].UseDefault = ent, true
+		if err := svc.Read(ctx, 0, req); err != nil || req.Items[0].Err != nil {
+			t.Fatal(err, req.Items[0].Err)
+		}
+		want[ent] = req.Items[0].Aggs
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req := NewReadRequest(1, len(cfg.Specs))
+			req.Timeout = 10 * time.Second
+			for ent := range entities { // each goroutine every entity, in its own order
+				req.Items[0] = ReadItem{Entity: ent, UseDefault: true, Aggs: req.Items[0].Aggs}
+				req.Specs = nil
+				for {
+					err := svc.Read(ctx, 0, req)
+					if errors.Is(err, ErrBusy) {
+						time.Sleep(time.Millisecond)
+						continue
+					}
+					if err != nil || req.Items[0].Err != nil {
+						errs <- fmt.Errorf("%s: %v %v", ent, err, req.Items[0].Err)
+						return
+					}
+					break
+				}
+				if !slices.Equal(req.Items[0].Aggs, want[ent]) {
+					errs <- fmt.Errorf("%s: %+v, single read %+v", ent, req.Items[0].Aggs, want[ent])
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
 }
