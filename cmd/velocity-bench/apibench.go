@@ -53,15 +53,19 @@ func init() {
 
 // loadReport is what apiload prints, one JSON line.
 type loadReport struct {
-	Sent     int            `json:"sent"`
-	Seconds  float64        `json:"seconds"`
-	PerSec   float64        `json:"per_sec"`
-	Statuses map[string]int `json:"statuses"`
-	P50Ms    float64        `json:"p50_ms"`
-	P99Ms    float64        `json:"p99_ms"`
-	P999Ms   float64        `json:"p999_ms"`
-	MaxMs    float64        `json:"max_ms"`
-	Late     int            `json:"behind_schedule"` // requests sent more than 1 ms after their slot
+	Sent    int     `json:"sent"`
+	Seconds float64 `json:"seconds"`
+	PerSec  float64 `json:"per_sec"` // requests answered (any status) per second
+	// Batch is the entities per request (1: single GETs; more: batch POSTs), and
+	// LookupsPerSec the entities answered with 200 per second.
+	Batch         int            `json:"batch"`
+	LookupsPerSec float64        `json:"lookups_per_sec"`
+	Statuses      map[string]int `json:"statuses"`
+	P50Ms         float64        `json:"p50_ms"`
+	P99Ms         float64        `json:"p99_ms"`
+	P999Ms        float64        `json:"p999_ms"`
+	MaxMs         float64        `json:"max_ms"`
+	Late          int            `json:"behind_schedule"` // requests sent more than 1 ms after their slot
 	// SvcP50Ms, SvcP99Ms: from the request's write to its answer, without the wait
 	// for a free connection (the closed-loop view; the fields above are open-loop).
 	SvcP50Ms float64 `json:"service_p50_ms"`
@@ -148,7 +152,8 @@ func (c *rawConn) do(req []byte) (int, error) {
 func cmdAPILoad(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("apiload", flag.ContinueOnError)
 	base := fs.String("url", "", "base URL of the query API")
-	rate := fs.Int("rate", 20000, "lookups per second (open loop)")
+	rate := fs.Int("rate", 20000, "lookups (entities) per second, open loop: requests per second are rate/batch")
+	batch := fs.Int("batch", 1, "entities per request: 1 sends GET …/velocity, more send POST /v1/velocity:batch with that many ids")
 	d := fs.Duration("duration", 20*time.Second, "how long to send")
 	entities := fs.Int("entities", 100000, "entity ids card-0000000 … are drawn uniformly from this many")
 	conns := fs.Int("conns", 64, "concurrent connections (workers)")
@@ -156,9 +161,10 @@ func cmdAPILoad(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *base == "" || *rate <= 0 || *conns <= 0 {
-		return errors.New("apiload: --url, a positive --rate and --conns are required")
+	if *base == "" || *rate <= 0 || *conns <= 0 || *batch <= 0 || *batch > 1000 {
+		return errors.New("apiload: --url, a positive --rate and --conns, and --batch from 1 to 1000 are required")
 	}
+	reqRate := max(1, *rate / *batch)
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err != nil {
@@ -178,17 +184,27 @@ func cmdAPILoad(ctx context.Context, args []string) error {
 	reqs := make([][]byte, 4096)
 	rng := rand.New(rand.NewPCG(7, 7))
 	for i := range reqs {
-		reqs[i] = []byte("GET /v1/entities/" + EntityID(uint32(rng.IntN(*entities))) + "/velocity HTTP/1.1\r\nHost: " + u.Host + "\r\n\r\n")
+		if *batch == 1 {
+			reqs[i] = []byte("GET /v1/entities/" + EntityID(uint32(rng.IntN(*entities))) + "/velocity HTTP/1.1\r\nHost: " + u.Host + "\r\n\r\n")
+			continue
+		}
+		ids := make([]string, *batch)
+		for j := range ids {
+			ids[j] = EntityID(uint32(rng.IntN(*entities)))
+		}
+		body, _ := json.Marshal(map[string][]string{"entity_ids": ids})
+		reqs[i] = []byte("POST /v1/velocity:batch HTTP/1.1\r\nHost: " + u.Host + "\r\nContent-Type: application/json\r\nContent-Length: " +
+			strconv.Itoa(len(body)) + "\r\n\r\n" + string(body))
 	}
 	type slot struct {
 		at time.Time
 		i  int
 	}
-	work := make(chan slot, *rate) // a second of backlog at most; beyond, sends fall behind
+	work := make(chan slot, reqRate) // a second of backlog at most; beyond, sends fall behind
 	var (
 		mu       sync.Mutex
-		lat      = make([]time.Duration, 0, *rate*int(d.Seconds()+1))
-		svc      = make([]time.Duration, 0, *rate*int(d.Seconds()+1))
+		lat      = make([]time.Duration, 0, reqRate*int(d.Seconds()+1))
+		svc      = make([]time.Duration, 0, reqRate*int(d.Seconds()+1))
 		statuses = map[string]int{}
 		behind   atomic.Int64
 	)
@@ -237,9 +253,9 @@ loop:
 		if el >= *d {
 			break
 		}
-		due := int(el.Seconds() * float64(*rate))
+		due := int(el.Seconds() * float64(reqRate))
 		for ; sent < due; sent++ {
-			at := start.Add(time.Duration(float64(sent) / float64(*rate) * float64(time.Second)))
+			at := start.Add(time.Duration(float64(sent) / float64(reqRate) * float64(time.Second)))
 			select {
 			case work <- slot{at, sent}:
 			case <-ctx.Done():
@@ -266,6 +282,7 @@ loop:
 	}
 	q := func(f float64) float64 { return qs(lat, f) }
 	rep := loadReport{Sent: sent, Seconds: el, PerSec: float64(len(lat)) / el, Statuses: statuses,
+		Batch: *batch, LookupsPerSec: float64(statuses["200"]**batch) / el,
 		P50Ms: q(0.50), P99Ms: q(0.99), P999Ms: q(0.999), MaxMs: q(1), Late: int(behind.Load()),
 		SvcP50Ms: qs(svc, 0.5), SvcP99Ms: qs(svc, 0.99)}
 	return json.NewEncoder(os.Stdout).Encode(rep)
@@ -280,7 +297,8 @@ func cmdAPI(ctx context.Context, args []string) error {
 	partitions := fs.Int("partitions", 4, "input partitions")
 	fraction := fs.Float64("ingest-fraction", 0.5, "paced ingestion rate as a fraction of the measured peak")
 	fixedRate := fs.Int("ingest-rate", 0, "paced ingestion rate (skips the peak run when set)")
-	lookupRate := fs.Int("lookup-rate", 20000, "lookups per second of the load generator")
+	lookupRate := fs.Int("lookup-rate", 20000, "lookups (entities) per second of the load generator")
+	batch := fs.Int("batch", 1, "entities per request of the load generator (1: single GETs; more: batch POSTs)")
 	conns := fs.Int("conns", 64, "load generator connections")
 	phase := fs.Duration("phase", 25*time.Second, "length of each phase (without, then with lookups)")
 	workdir := fs.String("workdir", "bin/bench-api", "scratch directory (processor logs)")
@@ -451,7 +469,7 @@ func cmdAPI(ctx context.Context, args []string) error {
 	}
 	// Phase B: the load generator, a process of its own.
 	load := exec.CommandContext(ctx, self, "apiload", "--url", base, "--rate", strconv.Itoa(*lookupRate),
-		"--duration", (*phase - time.Second).String(), "--entities", strconv.Itoa(*entities), "--conns", strconv.Itoa(*conns))
+		"--duration", (*phase - time.Second).String(), "--entities", strconv.Itoa(*entities), "--conns", strconv.Itoa(*conns), "--batch", strconv.Itoa(*batch))
 	load.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	var loadOut []byte
 	loadDone := make(chan error, 1)
@@ -515,7 +533,8 @@ func cmdAPI(ctx context.Context, args []string) error {
 	fmt.Printf("paced input: %d events/s\n", rate)
 	fmt.Printf("ingestion without lookups: %.0f outputs/s (cores: %v)\n", ta, cpu(a0, a1))
 	fmt.Printf("ingestion with lookups:    %.0f outputs/s (cores: %v), %+.1f%%\n", tb, cpu(b0, b1), (tb/ta-1)*100)
-	fmt.Printf("lookups: %d sent in %.1f s, %.0f answered/s, statuses %v\n  latency from the scheduled send (open loop): p50 %.2f ms p99 %.2f ms p999 %.2f ms max %.1f ms, %d sent over 1 ms behind schedule\n  latency from the write on a free connection: p50 %.2f ms p99 %.2f ms\n",
+	fmt.Printf("lookups: %d entities per request, %.0f answered (200) per second\n", rep.Batch, rep.LookupsPerSec)
+	fmt.Printf("requests: %d sent in %.1f s, %.0f answered/s, statuses %v\n  latency from the scheduled send (open loop): p50 %.2f ms p99 %.2f ms p999 %.2f ms max %.1f ms, %d sent over 1 ms behind schedule\n  latency from the write on a free connection: p50 %.2f ms p99 %.2f ms\n",
 		rep.Sent, rep.Seconds, rep.PerSec, rep.Statuses, rep.P50Ms, rep.P99Ms, rep.P999Ms, rep.MaxMs, rep.Late, rep.SvcP50Ms, rep.SvcP99Ms)
 	pcancel()
 	return nil

@@ -27,6 +27,7 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -400,25 +401,61 @@ func truncate(s string, n int) string {
 // decodeBody reads a JSON object into v, strictly: unknown fields, trailing data and
 // over-long bodies are errors.
 func decodeBody(r *http.Request, v any) ([]byte, *apiError) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBodyBytes+1))
+	body, e := readBody(r, nil)
+	if e != nil {
+		return nil, e
+	}
+	return body, decodeStrict(body, v)
+}
+
+// readBody reads the request's body into buf[:0] (growing it), refusing one over
+// maxBodyBytes.
+func readBody(r *http.Request, buf []byte) ([]byte, *apiError) {
+	body, err := readAllInto(buf[:0], io.LimitReader(r.Body, maxBodyBytes+1), r.ContentLength)
 	if err != nil {
 		return nil, errf(http.StatusBadRequest, "invalid_body", "cannot read the body")
 	}
 	if len(body) > maxBodyBytes {
 		return nil, errf(http.StatusRequestEntityTooLarge, "body_too_large", "the body is over %d bytes", maxBodyBytes)
 	}
+	return body, nil
+}
+
+// readAllInto is io.ReadAll appending to dst, sized at once by a known length.
+func readAllInto(dst []byte, rd io.Reader, length int64) ([]byte, error) {
+	if length > 0 && length <= maxBodyBytes {
+		dst = slices.Grow(dst, int(length)+1) // +1: the read that sees EOF
+	}
+	for {
+		if len(dst) == cap(dst) {
+			dst = slices.Grow(dst, max(512, cap(dst)))
+		}
+		n, err := rd.Read(dst[len(dst):cap(dst)])
+		dst = dst[:len(dst)+n]
+		if err == io.EOF {
+			return dst, nil
+		}
+		if err != nil {
+			return dst, err
+		}
+	}
+}
+
+// decodeStrict decodes body, one JSON object, into v: unknown fields and trailing
+// data are errors.
+func decodeStrict(body []byte, v any) *apiError {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return nil, errf(http.StatusBadRequest, "invalid_body", "the body is not the JSON object this endpoint takes: %s", jsonErr(err))
+		return errf(http.StatusBadRequest, "invalid_body", "the body is not the JSON object this endpoint takes: %s", jsonErr(err))
 	}
 	if dec.More() {
-		return nil, errf(http.StatusBadRequest, "invalid_body", "data after the JSON object")
+		return errf(http.StatusBadRequest, "invalid_body", "data after the JSON object")
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return nil, errf(http.StatusBadRequest, "invalid_body", "data after the JSON object")
+		return errf(http.StatusBadRequest, "invalid_body", "data after the JSON object")
 	}
-	return body, nil
+	return nil
 }
 
 // jsonErr describes a decode error without echoing the input (which may hold ids).
@@ -850,106 +887,14 @@ type batchItem struct {
 	Status   int           `json:"status"`
 	Velocity *velocityJSON `json:"velocity,omitempty"`
 	Error    *apiError     `json:"error,omitempty"`
+	// local, instead of Velocity, is a lookup answered here (written by
+	// appendLookup for partition part).
+	local *service.ReadItem
+	part  int32
 }
 
 type batchResponse struct {
 	Results []batchItem `json:"results"`
-}
-
-// batch serves POST /v1/velocity:batch: many entities in one request, grouped by
-// partition; each partition is read once, here or at its owner (one forwarded
-// batch per owner partition), and results come back in request order, each with
-// its own status.
-func (s *Server) batch(w http.ResponseWriter, r *http.Request) {
-	var b batchBody
-	if _, e := decodeBody(r, &b); e != nil {
-		writeError(w, e)
-		return
-	}
-	if b.EntityIDs == nil {
-		writeError(w, errf(http.StatusBadRequest, "invalid_body", "entity_ids is required"))
-		return
-	}
-	if len(b.EntityIDs) > MaxBatch {
-		writeError(w, errf(http.StatusBadRequest, "too_many_entities", "at most %d entity ids per batch", MaxBatch))
-		return
-	}
-	if b.nullWindows {
-		writeError(w, errf(http.StatusBadRequest, "invalid_body", "windows must be an array of window names"))
-		return
-	}
-	useDefault, asOf := true, int64(0)
-	if len(b.At) > 0 {
-		var e *apiError
-		if asOf, e = jsonTime("at", b.At); e != nil {
-			writeError(w, e)
-			return
-		}
-		useDefault = false
-	}
-	sel, e := s.windows(b.Windows)
-	if e != nil {
-		writeError(w, e)
-		return
-	}
-	n, ok := s.cfg.Locator.Partitions()
-	if !ok {
-		s.cfg.Locator.Poke()
-		writeError(w, unavailable("the input topic's partitions are not known yet"))
-		return
-	}
-	results := make([]batchItem, len(b.EntityIDs))
-	byPart := map[int32][]int{}
-	for i, id := range b.EntityIDs {
-		if e := entityID(id); e != nil {
-			results[i] = batchItem{Status: e.status, Error: e}
-			continue
-		}
-		p := PartitionOf(id, n)
-		byPart[p] = append(byPart[p], i)
-	}
-	type remote struct {
-		base string
-		idx  []int
-	}
-	var remotes []remote
-	for p, idx := range byPart {
-		req := service.NewReadRequest(len(idx), len(s.specs))
-		for j, i := range idx {
-			req.Items[j].Entity, req.Items[j].AsOf, req.Items[j].UseDefault = b.EntityIDs[i], asOf, useDefault
-		}
-		e := s.readLocal(r.Context(), p, req)
-		if e == errNotHere {
-			var base string
-			if base, e = s.owner(r, p); e == nil {
-				remotes = append(remotes, remote{base, idx})
-				continue
-			}
-		}
-		for j, i := range idx {
-			switch it := &req.Items[j]; {
-			case e != nil:
-				results[i] = batchItem{Status: e.status, Error: e}
-			case it.Err != nil:
-				ie := itemError(it.Err)
-				results[i] = batchItem{Status: ie.status, Error: ie}
-			default:
-				v := s.velocityOf(it, p, sel)
-				results[i] = batchItem{Status: http.StatusOK, Velocity: &v}
-			}
-		}
-	}
-	done := make(chan struct{}, len(remotes))
-	for _, rm := range remotes {
-		go func() {
-			defer func() { done <- struct{}{} }()
-			s.forwardBatch(r, rm.base, b, rm.idx, results)
-		}()
-	}
-	for range remotes {
-		<-done
-	}
-	writeJSON(w, http.StatusOK, batchResponse{Results: results})
 }
 
 // forwardBatch asks the owner at base for the entities idx of b and fills their
