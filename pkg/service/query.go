@@ -158,8 +158,8 @@ func (s *Service) Read(ctx context.Context, p int32, req *ReadRequest) error {
 
 // serveRead answers req on the worker's goroutine (see the invariants above);
 // current is whether the worker was registered for its partition when its turn of
-// reads began.
-func (w *worker) serveRead(req *ReadRequest, current bool) {
+// reads began, and hints the turn's lookahead (nil: none).
+func (w *worker) serveRead(req *ReadRequest, current bool, hints *turnHints) {
 	defer func() { req.done <- struct{}{} }()
 	if !current {
 		return // req.Specs stays nil: not ours any more
@@ -167,6 +167,7 @@ func (w *worker) serveRead(req *ReadRequest, current bool) {
 	dec := w.s.previewDecoder()
 	for i := range req.Items {
 		it := &req.Items[i]
+		w.hintNext(hints)
 		if it.Preview != nil {
 			it.Tx.EntityID = it.Entity
 			w.proc.Preview(&it.Tx, it.HasEventID, dec, it.Preview)
@@ -223,8 +224,68 @@ take:
 	w.s.mu.Lock()
 	current := w.s.workers[w.part] == w
 	w.s.mu.Unlock()
+	var hints *turnHints // a turn of a few items is served without
+	if current && items >= hintMin {
+		hints = &turnHints{} // on this goroutine's stack: nothing keeps it
+		w.hintTurn(hints, turn[:n])
+	}
 	for _, req := range turn[:n] {
-		w.serveRead(req, current)
+		w.serveRead(req, current, hints)
+	}
+}
+
+// hintMin is the fewest items in a turn for which the worker hints lookups ahead
+// (hintTurn): for one or two, the hints would only hash each id twice more.
+const hintMin = 4
+
+// turnCursor walks the items of a turn in the order they are served.
+type turnCursor struct {
+	turn []*ReadRequest
+	r, i int
+}
+
+func (c *turnCursor) next() (string, bool) {
+	for c.r < len(c.turn) {
+		if items := c.turn[c.r].Items; c.i < len(items) {
+			c.i++
+			return items[c.i-1].Entity, true
+		}
+		c.r, c.i = c.r+1, 0
+	}
+	return "", false
+}
+
+// hintTurn installs, for the turn about to be served, the lookahead that serveRead's
+// lookups then meet: the first 2·HintDistance entities' index entries and the first
+// HintDistance entities' records are requested now, and serveRead's item loop keeps
+// each further entity that far ahead (hintNext). It only changes timing.
+func (w *worker) hintTurn(h *turnHints, turn []*ReadRequest) {
+	h.far, h.near = turnCursor{turn: turn}, turnCursor{turn: turn}
+	h.hinting = true
+	for range 2 * pipeline.HintDistance {
+		if e, ok := h.far.next(); ok {
+			w.proc.HintLookup(e, true)
+		}
+	}
+	for range pipeline.HintDistance {
+		if e, ok := h.near.next(); ok {
+			w.proc.HintLookup(e, false)
+		}
+	}
+}
+
+// hintNext moves the lookahead on by one item (see hintTurn); h nil: no lookahead.
+func (w *worker) hintNext(h *turnHints) {
+	if h == nil || !h.hinting {
+		return
+	}
+	if e, ok := h.far.next(); ok {
+		w.proc.HintLookup(e, true)
+	}
+	if e, ok := h.near.next(); ok {
+		w.proc.HintLookup(e, false)
+	} else {
+		h.hinting = false
 	}
 }
 
@@ -257,6 +318,13 @@ func (s *Service) Specs() []window.Spec { return s.cfg.Specs }
 // Config returns the service's configuration after defaults (the API reads the group,
 // the input topic and the brokers' client options from it).
 func (s *Service) Config() Config { return s.cfg }
+
+// turnHints is a worker's lookahead over the turn of reads it is serving (hintTurn);
+// only the worker's goroutine touches it.
+type turnHints struct {
+	far, near turnCursor
+	hinting   bool
+}
 
 // queryState is the Service's part of the query path (embedded so that service.go
 // does not change shape for it).
