@@ -17,7 +17,15 @@ package main
 //
 // The load generator reports lookups/s, status counts and latency percentiles,
 // measured from each request's scheduled send time (open loop: a slow answer delays
-// the ones behind it, and that wait is counted).
+// the ones behind it, and that wait is counted). With --batch N it sends POST
+// /v1/velocity:batch of N ids instead of single GETs, at --lookup-rate/N requests per
+// second, and lookups/s counts entities.
+//
+// Each phase also reports where the machine's CPU went (cores: the whole machine, our
+// binary, this process's producer, the load generator, the broker named by
+// --broker-pid or $KAFKA_LOCAL_STATE/kafka.pid): the two cores are shared by all of
+// them, and a run starved of CPU shows it there. --profile saves CPU profiles of the
+// second phase (our binary's through its --pprof, and the load generator's).
 
 import (
 	"bufio"

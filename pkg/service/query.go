@@ -224,10 +224,14 @@ take:
 	w.s.mu.Lock()
 	current := w.s.workers[w.part] == w
 	w.s.mu.Unlock()
+	// The lookahead lives on this goroutine's stack, set up here rather than in a
+	// callee: a callee storing turn[:n] through a pointer would move turn to the heap.
+	var th turnHints
 	var hints *turnHints // a turn of a few items is served without
 	if current && items >= hintMin {
-		hints = &turnHints{} // on this goroutine's stack: nothing keeps it
-		w.hintTurn(hints, turn[:n])
+		th = turnHints{far: turnCursor{turn: turn[:n]}, near: turnCursor{turn: turn[:n]}, hinting: true}
+		hints = &th
+		w.hintTurn(hints)
 	}
 	for _, req := range turn[:n] {
 		w.serveRead(req, current, hints)
@@ -259,9 +263,7 @@ func (c *turnCursor) next() (string, bool) {
 // lookups then meet: the first 2·HintDistance entities' index entries and the first
 // HintDistance entities' records are requested now, and serveRead's item loop keeps
 // each further entity that far ahead (hintNext). It only changes timing.
-func (w *worker) hintTurn(h *turnHints, turn []*ReadRequest) {
-	h.far, h.near = turnCursor{turn: turn}, turnCursor{turn: turn}
-	h.hinting = true
+func (w *worker) hintTurn(h *turnHints) {
 	for range 2 * pipeline.HintDistance {
 		if e, ok := h.far.next(); ok {
 			w.proc.HintLookup(e, true)

@@ -265,3 +265,48 @@ func TestConcurrentReadsInTurns(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestServeReadsAllocatesNothing: a turn of queued lookups (with its lookahead) is
+// served without allocating: the turn and its cursors stay on the worker's stack.
+func TestServeReadsAllocatesNothing(t *testing.T) {
+	specs, _ := window.ParseSpecs(window.DefaultSpecs)
+	dec, _ := codec.NewDecoder("", codec.DefaultLimits())
+	proc, err := pipeline.New(pipeline.Config{Topic: "tx", Specs: specs, Decoder: dec}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 500 {
+		tx := codec.Transaction{EventID: fmt.Sprint(i), EntityID: fmt.Sprintf("card-%d", i%50), AmountMinor: int64(i), EventTime: 1_800_000_000_000 + int64(i)*1000}
+		proc.Process(pipeline.Record{Topic: "tx", Offset: int64(i), Key: []byte(tx.EntityID), Value: codec.EncodeTransaction(&tx)}, func(*pipeline.Output) {})
+	}
+	s := &Service{cfg: Config{Specs: specs}}
+	w := &worker{s: s, proc: proc, queries: make(chan *ReadRequest, queryQueue)}
+	s.workers = map[int32]*worker{0: w}
+	reqs := make([]*ReadRequest, 20)
+	for i := range reqs {
+		reqs[i] = NewReadRequest(3, len(specs))
+		for j := range reqs[i].Items {
+			reqs[i].Items[j].Entity, reqs[i].Items[j].UseDefault = fmt.Sprintf("card-%d", (i*3+j)%60), true
+		}
+	}
+	allocs := testing.AllocsPerRun(50, func() {
+		for _, r := range reqs[1:] {
+			w.queries <- r
+		}
+		w.serveReads(reqs[0])
+		for _, r := range reqs {
+			<-r.done
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per turn", allocs)
+	}
+	for _, r := range reqs {
+		if r.Specs == nil || r.Items[0].Err != nil {
+			t.Fatalf("not served: %+v", r.Items[0])
+		}
+	}
+	if reqs[0].Items[0].Aggs[3].Count == 0 {
+		t.Fatal("card-0 read as empty")
+	}
+}
