@@ -505,6 +505,10 @@ func cmdAPI(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	var hist0 map[float64]float64
+	if *profile {
+		hist0, _ = serverLatency(ctx, metricsBase)
+	}
 	profDone := make(chan error, 1)
 	if *profile {
 		go func() {
@@ -535,6 +539,12 @@ func cmdAPI(ctx context.Context, args []string) error {
 	if err := <-profDone; err != nil {
 		return fmt.Errorf("service CPU profile: %w", err)
 	}
+	var serverHist string
+	if *profile {
+		if hist1, err := serverLatency(ctx, metricsBase); err == nil && hist0 != nil {
+			serverHist = histShares(hist0, hist1)
+		}
+	}
 	thr := func(a, b mark) float64 { return float64(b.out-a.out) / b.at.Sub(a.at).Seconds() }
 	cpu := func(a, b mark) apiCPU { return b.cpu.since(a.cpu, b.at.Sub(a.at)) }
 	ta, tb := thr(a0, a1), thr(b0, b1)
@@ -542,6 +552,9 @@ func cmdAPI(ctx context.Context, args []string) error {
 	fmt.Printf("ingestion without lookups: %.0f outputs/s (cores: %v)\n", ta, cpu(a0, a1))
 	fmt.Printf("ingestion with lookups:    %.0f outputs/s (cores: %v), %+.1f%%\n", tb, cpu(b0, b1), (tb/ta-1)*100)
 	fmt.Printf("lookups: %d entities per request, %.0f answered (200) per second\n", rep.Batch, rep.LookupsPerSec)
+	if serverHist != "" {
+		fmt.Printf("  in our handler (velocity_api_request_seconds, the phase's middle): %s\n", serverHist)
+	}
 	fmt.Printf("requests: %d sent in %.1f s, %.0f answered/s, statuses %v\n  latency from the scheduled send (open loop): p50 %.2f ms p99 %.2f ms p999 %.2f ms max %.1f ms, %d sent over 1 ms behind schedule\n  latency from the write on a free connection: p50 %.2f ms p99 %.2f ms\n",
 		rep.Sent, rep.Seconds, rep.PerSec, rep.Statuses, rep.P50Ms, rep.P99Ms, rep.P999Ms, rep.MaxMs, rep.Late, rep.SvcP50Ms, rep.SvcP99Ms)
 	pcancel()
@@ -650,4 +663,70 @@ func fetchProfile(ctx context.Context, base string, d time.Duration, path string
 		return err
 	}
 	return f.Close()
+}
+
+// serverLatency reads the API's request-duration histogram from our binary's /metrics
+// (velocity_api_request_seconds, every op together): cumulative count by bucket bound.
+func serverLatency(ctx context.Context, base string) (map[float64]float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out := map[float64]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "velocity_api_request_seconds_bucket{") {
+			continue
+		}
+		_, rest, ok := strings.Cut(line, `le="`)
+		if !ok {
+			continue
+		}
+		le, rest, ok := strings.Cut(rest, `"`)
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) == 0 {
+			continue
+		}
+		bound, err1 := strconv.ParseFloat(le, 64) // "+Inf" parses as +Inf
+		n, err2 := strconv.ParseFloat(f[len(f)-1], 64)
+		if err1 == nil && err2 == nil {
+			out[bound] += n
+		}
+	}
+	return out, sc.Err()
+}
+
+// histShares is the share of the requests between two histogram reads answered
+// within each bucket bound.
+func histShares(a, b map[float64]float64) string {
+	var bounds []float64
+	for k := range b {
+		bounds = append(bounds, k)
+	}
+	slices.Sort(bounds)
+	if len(bounds) == 0 {
+		return ""
+	}
+	total := b[bounds[len(bounds)-1]] - a[bounds[len(bounds)-1]]
+	if total <= 0 {
+		return ""
+	}
+	var parts []string
+	for _, k := range bounds {
+		if k > 0.25 {
+			break
+		}
+		parts = append(parts, fmt.Sprintf("≤%gms %.2f%%", k*1000, 100*(b[k]-a[k])/total))
+	}
+	return fmt.Sprintf("%.0f requests: %s", total, strings.Join(parts, ", "))
 }

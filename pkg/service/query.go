@@ -33,6 +33,7 @@ package service
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"time"
 
@@ -236,6 +237,11 @@ take:
 	for _, req := range turn[:n] {
 		w.serveRead(req, current, hints)
 	}
+	// The readers just answered are runnable on this goroutine's P, behind it: if
+	// it goes back to a long batch they wait for it to block or be preempted (up to
+	// 10 ms), with every P busy with partitions. Yielding once lets them write their
+	// answers (microseconds each) first; the partition resumes after them.
+	runtime.Gosched()
 }
 
 // hintMin is the fewest items in a turn for which the worker hints lookups ahead
