@@ -17,10 +17,15 @@ package service
 // delays the partition's next records by well under a millisecond; requests queue in
 // a bounded channel and a full queue is refused at once (ErrBusy), never waited for
 // by the worker. Handing the worker a whole queue per wake-up is what makes many
-// small requests cheap for it: one wake-up, one registry check, then the reads.
+// small requests cheap for it: one wake-up, one registry check, then the reads. After a
+// turn the worker yields once (runtime.Gosched) so that the readers it answered,
+// runnable behind it, write their answers before it returns to a long batch; that
+// costs the partition their run time (microseconds each, at most one per queued
+// request) and measured no ingestion loss (BENCHMARKS.md, "Query API").
 //
 // Invariant 3 (no stale owner): a request is answered only by a worker registered in
-// Service.workers for its partition at the moment it serves it, and a worker leaves
+// Service.workers for its partition when the turn that serves it began (checked on
+// the worker's goroutine, under the service's lock, once per turn), and a worker leaves
 // the map before it stops (stopPartitions, leaveTxnLost), so once a partition has been
 // revoked or lost here, no read is answered from its state here. A partition being
 // restored has no worker yet: ErrNotOwned, which the API turns into 503 when the group
