@@ -17,7 +17,15 @@ package main
 //
 // The load generator reports lookups/s, status counts and latency percentiles,
 // measured from each request's scheduled send time (open loop: a slow answer delays
-// the ones behind it, and that wait is counted).
+// the ones behind it, and that wait is counted). With --batch N it sends POST
+// /v1/velocity:batch of N ids instead of single GETs, at --lookup-rate/N requests per
+// second, and lookups/s counts entities.
+//
+// Each phase also reports where the machine's CPU went (cores: the whole machine, our
+// binary, this process's producer, the load generator, the broker named by
+// --broker-pid or $KAFKA_LOCAL_STATE/kafka.pid): the two cores are shared by all of
+// them, and a run starved of CPU shows it there. --profile saves CPU profiles of the
+// second phase (our binary's through its --pprof, and the load generator's).
 
 import (
 	"bufio"
@@ -30,12 +38,16 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -49,15 +61,19 @@ func init() {
 
 // loadReport is what apiload prints, one JSON line.
 type loadReport struct {
-	Sent     int            `json:"sent"`
-	Seconds  float64        `json:"seconds"`
-	PerSec   float64        `json:"per_sec"`
-	Statuses map[string]int `json:"statuses"`
-	P50Ms    float64        `json:"p50_ms"`
-	P99Ms    float64        `json:"p99_ms"`
-	P999Ms   float64        `json:"p999_ms"`
-	MaxMs    float64        `json:"max_ms"`
-	Late     int            `json:"behind_schedule"` // requests sent more than 1 ms after their slot
+	Sent    int     `json:"sent"`
+	Seconds float64 `json:"seconds"`
+	PerSec  float64 `json:"per_sec"` // requests answered (any status) per second
+	// Batch is the entities per request (1: single GETs; more: batch POSTs), and
+	// LookupsPerSec the entities answered with 200 per second.
+	Batch         int            `json:"batch"`
+	LookupsPerSec float64        `json:"lookups_per_sec"`
+	Statuses      map[string]int `json:"statuses"`
+	P50Ms         float64        `json:"p50_ms"`
+	P99Ms         float64        `json:"p99_ms"`
+	P999Ms        float64        `json:"p999_ms"`
+	MaxMs         float64        `json:"max_ms"`
+	Late          int            `json:"behind_schedule"` // requests sent more than 1 ms after their slot
 	// SvcP50Ms, SvcP99Ms: from the request's write to its answer, without the wait
 	// for a free connection (the closed-loop view; the fields above are open-loop).
 	SvcP50Ms float64 `json:"service_p50_ms"`
@@ -144,15 +160,28 @@ func (c *rawConn) do(req []byte) (int, error) {
 func cmdAPILoad(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("apiload", flag.ContinueOnError)
 	base := fs.String("url", "", "base URL of the query API")
-	rate := fs.Int("rate", 20000, "lookups per second (open loop)")
+	rate := fs.Int("rate", 20000, "lookups (entities) per second, open loop: requests per second are rate/batch")
+	batch := fs.Int("batch", 1, "entities per request: 1 sends GET …/velocity, more send POST /v1/velocity:batch with that many ids")
 	d := fs.Duration("duration", 20*time.Second, "how long to send")
 	entities := fs.Int("entities", 100000, "entity ids card-0000000 … are drawn uniformly from this many")
 	conns := fs.Int("conns", 64, "concurrent connections (workers)")
+	cpuProfile := fs.String("cpuprofile", "", "write this process's CPU profile here")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *base == "" || *rate <= 0 || *conns <= 0 {
-		return errors.New("apiload: --url, a positive --rate and --conns are required")
+	if *base == "" || *rate <= 0 || *conns <= 0 || *batch <= 0 || *batch > 1000 {
+		return errors.New("apiload: --url, a positive --rate and --conns, and --batch from 1 to 1000 are required")
+	}
+	reqRate := max(1, *rate / *batch)
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
 	}
 	u, err := url.Parse(*base)
 	if err != nil || u.Scheme != "http" {
@@ -163,17 +192,27 @@ func cmdAPILoad(ctx context.Context, args []string) error {
 	reqs := make([][]byte, 4096)
 	rng := rand.New(rand.NewPCG(7, 7))
 	for i := range reqs {
-		reqs[i] = []byte("GET /v1/entities/" + EntityID(uint32(rng.IntN(*entities))) + "/velocity HTTP/1.1\r\nHost: " + u.Host + "\r\n\r\n")
+		if *batch == 1 {
+			reqs[i] = []byte("GET /v1/entities/" + EntityID(uint32(rng.IntN(*entities))) + "/velocity HTTP/1.1\r\nHost: " + u.Host + "\r\n\r\n")
+			continue
+		}
+		ids := make([]string, *batch)
+		for j := range ids {
+			ids[j] = EntityID(uint32(rng.IntN(*entities)))
+		}
+		body, _ := json.Marshal(map[string][]string{"entity_ids": ids})
+		reqs[i] = []byte("POST /v1/velocity:batch HTTP/1.1\r\nHost: " + u.Host + "\r\nContent-Type: application/json\r\nContent-Length: " +
+			strconv.Itoa(len(body)) + "\r\n\r\n" + string(body))
 	}
 	type slot struct {
 		at time.Time
 		i  int
 	}
-	work := make(chan slot, *rate) // a second of backlog at most; beyond, sends fall behind
+	work := make(chan slot, reqRate) // a second of backlog at most; beyond, sends fall behind
 	var (
 		mu       sync.Mutex
-		lat      = make([]time.Duration, 0, *rate*int(d.Seconds()+1))
-		svc      = make([]time.Duration, 0, *rate*int(d.Seconds()+1))
+		lat      = make([]time.Duration, 0, reqRate*int(d.Seconds()+1))
+		svc      = make([]time.Duration, 0, reqRate*int(d.Seconds()+1))
 		statuses = map[string]int{}
 		behind   atomic.Int64
 	)
@@ -222,9 +261,9 @@ loop:
 		if el >= *d {
 			break
 		}
-		due := int(el.Seconds() * float64(*rate))
+		due := int(el.Seconds() * float64(reqRate))
 		for ; sent < due; sent++ {
-			at := start.Add(time.Duration(float64(sent) / float64(*rate) * float64(time.Second)))
+			at := start.Add(time.Duration(float64(sent) / float64(reqRate) * float64(time.Second)))
 			select {
 			case work <- slot{at, sent}:
 			case <-ctx.Done():
@@ -251,6 +290,7 @@ loop:
 	}
 	q := func(f float64) float64 { return qs(lat, f) }
 	rep := loadReport{Sent: sent, Seconds: el, PerSec: float64(len(lat)) / el, Statuses: statuses,
+		Batch: *batch, LookupsPerSec: float64(statuses["200"]**batch) / el,
 		P50Ms: q(0.50), P99Ms: q(0.99), P999Ms: q(0.999), MaxMs: q(1), Late: int(behind.Load()),
 		SvcP50Ms: qs(svc, 0.5), SvcP99Ms: qs(svc, 0.99)}
 	return json.NewEncoder(os.Stdout).Encode(rep)
@@ -265,12 +305,18 @@ func cmdAPI(ctx context.Context, args []string) error {
 	partitions := fs.Int("partitions", 4, "input partitions")
 	fraction := fs.Float64("ingest-fraction", 0.5, "paced ingestion rate as a fraction of the measured peak")
 	fixedRate := fs.Int("ingest-rate", 0, "paced ingestion rate (skips the peak run when set)")
-	lookupRate := fs.Int("lookup-rate", 20000, "lookups per second of the load generator")
+	lookupRate := fs.Int("lookup-rate", 20000, "lookups (entities) per second of the load generator")
+	batch := fs.Int("batch", 1, "entities per request of the load generator (1: single GETs; more: batch POSTs)")
 	conns := fs.Int("conns", 64, "load generator connections")
 	phase := fs.Duration("phase", 25*time.Second, "length of each phase (without, then with lookups)")
 	workdir := fs.String("workdir", "bin/bench-api", "scratch directory (processor logs)")
+	profile := fs.Bool("profile", false, "write CPU profiles of the second phase to --workdir: our binary's (service.prof, 10 s from its 5th second) and the load generator's (apiload.prof)")
+	brokerPID := fs.Int("broker-pid", 0, "the broker's process id, for its CPU (default: $KAFKA_LOCAL_STATE/kafka.pid, as scripts/kafka-local.sh writes it; none: not reported)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *brokerPID == 0 {
+		*brokerPID = localBrokerPID()
 	}
 	bs := splitList(*brokers)
 	if err := checkLoopback(bs); err != nil {
@@ -355,6 +401,16 @@ func cmdAPI(ctx context.Context, args []string) error {
 	}
 	base := "http://127.0.0.1:" + strconv.Itoa(port)
 	env.VCExtra = []string{"--api-addr", "127.0.0.1:" + strconv.Itoa(port)}
+	var metricsBase string
+	if *profile {
+		mport, err := freeTCPPort()
+		if err != nil {
+			return err
+		}
+		metricsBase = "http://127.0.0.1:" + strconv.Itoa(mport)
+		env.MetricsAddr = "127.0.0.1:" + strconv.Itoa(mport)
+		env.VCExtra = append(env.VCExtra, "--pprof")
+	}
 	dir := filepath.Join(*workdir, "paced")
 	_ = os.MkdirAll(dir, 0o755)
 	cmd, err := env.command(spec, in, out, dlq, group, dir)
@@ -383,18 +439,18 @@ func cmdAPI(ctx context.Context, args []string) error {
 		_, err := producePaced(pctx, cl, g, rate, total, map[string]int64{})
 		prodDone <- err
 	}()
+	loadPID := 0 // the load generator's, once started
 	type mark struct {
 		at  time.Time
 		out int64
-		cpu time.Duration
+		cpu apiCPU // so far, each field a total of CPU seconds
 	}
 	sample := func() (mark, error) {
 		n, err := endOffsetSum(ctx, adm, out, dlq)
 		if err != nil {
 			return mark{}, err
 		}
-		ps, _ := sampleProc(c.cmd.Process.Pid)
-		return mark{time.Now(), n, ps.CPU}, nil
+		return mark{time.Now(), n, markAPICPU(c.cmd.Process.Pid, loadPID, *brokerPID)}, nil
 	}
 	sleep := func(d time.Duration) error {
 		select {
@@ -421,7 +477,7 @@ func cmdAPI(ctx context.Context, args []string) error {
 	}
 	// Phase B: the load generator, a process of its own.
 	load := exec.CommandContext(ctx, self, "apiload", "--url", base, "--rate", strconv.Itoa(*lookupRate),
-		"--duration", (*phase - time.Second).String(), "--entities", strconv.Itoa(*entities), "--conns", strconv.Itoa(*conns))
+		"--duration", (*phase - time.Second).String(), "--entities", strconv.Itoa(*entities), "--conns", strconv.Itoa(*conns), "--batch", strconv.Itoa(*batch))
 	load.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	var loadOut []byte
 	loadDone := make(chan error, 1)
@@ -430,9 +486,13 @@ func cmdAPI(ctx context.Context, args []string) error {
 		return err
 	}
 	load.Stderr = os.Stderr
+	if *profile {
+		load.Args = append(load.Args, "--cpuprofile", filepath.Join(*workdir, "apiload.prof"))
+	}
 	if err := load.Start(); err != nil {
 		return err
 	}
+	loadPID = load.Process.Pid
 	go func() {
 		b, _ := io.ReadAll(bufio.NewReader(stdout))
 		loadOut = b
@@ -445,7 +505,21 @@ func cmdAPI(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := sleep(*phase - 6*time.Second); err != nil {
+	var hist0 map[float64]float64
+	if *profile {
+		hist0, _ = serverLatency(ctx, metricsBase)
+	}
+	profDone := make(chan error, 1)
+	if *profile {
+		go func() {
+			profDone <- fetchProfile(ctx, metricsBase, 10*time.Second, filepath.Join(*workdir, "service.prof"))
+		}()
+	} else {
+		profDone <- nil
+	}
+	// b1 a second before the generator stops (it sends for phase − 1 s), so that
+	// it is still there to be measured.
+	if err := sleep(*phase - 7*time.Second); err != nil {
 		return err
 	}
 	b1, err := sample()
@@ -462,13 +536,26 @@ func cmdAPI(ctx context.Context, args []string) error {
 	if err := json.Unmarshal(loadOut, &rep); err != nil {
 		return fmt.Errorf("apiload report %q: %w", loadOut, err)
 	}
+	if err := <-profDone; err != nil {
+		return fmt.Errorf("service CPU profile: %w", err)
+	}
+	var serverHist string
+	if *profile {
+		if hist1, err := serverLatency(ctx, metricsBase); err == nil && hist0 != nil {
+			serverHist = histShares(hist0, hist1)
+		}
+	}
 	thr := func(a, b mark) float64 { return float64(b.out-a.out) / b.at.Sub(a.at).Seconds() }
-	cpu := func(a, b mark) float64 { return (b.cpu - a.cpu).Seconds() / b.at.Sub(a.at).Seconds() }
+	cpu := func(a, b mark) apiCPU { return b.cpu.since(a.cpu, b.at.Sub(a.at)) }
 	ta, tb := thr(a0, a1), thr(b0, b1)
 	fmt.Printf("paced input: %d events/s\n", rate)
-	fmt.Printf("ingestion without lookups: %.0f outputs/s (service CPU %.2f cores)\n", ta, cpu(a0, a1))
-	fmt.Printf("ingestion with lookups:    %.0f outputs/s (service CPU %.2f cores), %+.1f%%\n", tb, cpu(b0, b1), (tb/ta-1)*100)
-	fmt.Printf("lookups: %d sent in %.1f s, %.0f answered/s, statuses %v\n  latency from the scheduled send (open loop): p50 %.2f ms p99 %.2f ms p999 %.2f ms max %.1f ms, %d sent over 1 ms behind schedule\n  latency from the write on a free connection: p50 %.2f ms p99 %.2f ms\n",
+	fmt.Printf("ingestion without lookups: %.0f outputs/s (cores: %v)\n", ta, cpu(a0, a1))
+	fmt.Printf("ingestion with lookups:    %.0f outputs/s (cores: %v), %+.1f%%\n", tb, cpu(b0, b1), (tb/ta-1)*100)
+	fmt.Printf("lookups: %d entities per request, %.0f answered (200) per second\n", rep.Batch, rep.LookupsPerSec)
+	if serverHist != "" {
+		fmt.Printf("  in our handler (velocity_api_request_seconds, the phase's middle): %s\n", serverHist)
+	}
+	fmt.Printf("requests: %d sent in %.1f s, %.0f answered/s, statuses %v\n  latency from the scheduled send (open loop): p50 %.2f ms p99 %.2f ms p999 %.2f ms max %.1f ms, %d sent over 1 ms behind schedule\n  latency from the write on a free connection: p50 %.2f ms p99 %.2f ms\n",
 		rep.Sent, rep.Seconds, rep.PerSec, rep.Statuses, rep.P50Ms, rep.P99Ms, rep.P999Ms, rep.MaxMs, rep.Late, rep.SvcP50Ms, rep.SvcP99Ms)
 	pcancel()
 	return nil
@@ -481,4 +568,165 @@ func freeTCPPort() (int, error) {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// apiCPU is where the machine's CPU went during a phase of the api run, in cores (CPU
+// seconds per wall second) once turned into a rate by since: the two cores are shared
+// by the broker, the producer (this process), our binary and the load generator, and
+// which of them is short of CPU decides what a run can show.
+type apiCPU struct {
+	Machine, Service, Producer, LoadGen, Broker float64
+	hasLoad, hasBroker                          bool
+}
+
+// markAPICPU reads the CPU totals so far (seconds); loadPID and brokerPID 0 = none.
+func markAPICPU(svcPID, loadPID, brokerPID int) apiCPU {
+	secs := func(pid int) (float64, bool) {
+		if pid == 0 {
+			return 0, false
+		}
+		s, err := sampleProc(pid)
+		return s.CPU.Seconds(), err == nil
+	}
+	var m apiCPU
+	if busy, err := machineBusy(); err == nil {
+		m.Machine = busy.Seconds()
+	}
+	m.Service, _ = secs(svcPID)
+	m.Producer, _ = secs(os.Getpid())
+	m.LoadGen, m.hasLoad = secs(loadPID)
+	m.Broker, m.hasBroker = secs(brokerPID)
+	return m
+}
+
+// since is the use between a and m over wall, in cores.
+func (m apiCPU) since(a apiCPU, wall time.Duration) apiCPU {
+	w := wall.Seconds()
+	return apiCPU{
+		Machine: (m.Machine - a.Machine) / w, Service: (m.Service - a.Service) / w,
+		Producer: (m.Producer - a.Producer) / w, LoadGen: (m.LoadGen - a.LoadGen) / w,
+		Broker: (m.Broker - a.Broker) / w, hasLoad: m.hasLoad, hasBroker: m.hasBroker && a.hasBroker,
+	}
+}
+
+func (m apiCPU) String() string {
+	opt := func(ok bool, v float64) string {
+		if !ok {
+			return "-"
+		}
+		return strconv.FormatFloat(v, 'f', 2, 64)
+	}
+	return fmt.Sprintf("machine %.2f/%d, service %.2f, producer %.2f, load generator %s, broker %s",
+		m.Machine, runtime.NumCPU(), m.Service, m.Producer, opt(m.hasLoad, m.LoadGen), opt(m.hasBroker, m.Broker))
+}
+
+// localBrokerPID is the pid scripts/kafka-local.sh recorded under $KAFKA_LOCAL_STATE,
+// or 0. Only that broker: the machine may run other engineers' brokers too.
+func localBrokerPID() int {
+	dir := os.Getenv("KAFKA_LOCAL_STATE")
+	if dir == "" {
+		return 0
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "kafka.pid"))
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return 0
+	}
+	return pid
+}
+
+// fetchProfile saves a CPU profile of d from the Go profiler served at base.
+func fetchProfile(ctx context.Context, base string, d time.Duration, path string) error {
+	ctx, cancel := context.WithTimeout(ctx, d+10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/debug/pprof/profile?seconds="+strconv.Itoa(int(d.Seconds())), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", req.URL, resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// serverLatency reads the API's request-duration histogram from our binary's /metrics
+// (velocity_api_request_seconds, every op together): cumulative count by bucket bound.
+func serverLatency(ctx context.Context, base string) (map[float64]float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out := map[float64]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "velocity_api_request_seconds_bucket{") {
+			continue
+		}
+		_, rest, ok := strings.Cut(line, `le="`)
+		if !ok {
+			continue
+		}
+		le, rest, ok := strings.Cut(rest, `"`)
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) == 0 {
+			continue
+		}
+		bound, err1 := strconv.ParseFloat(le, 64) // "+Inf" parses as +Inf
+		n, err2 := strconv.ParseFloat(f[len(f)-1], 64)
+		if err1 == nil && err2 == nil {
+			out[bound] += n
+		}
+	}
+	return out, sc.Err()
+}
+
+// histShares is the share of the requests between two histogram reads answered
+// within each bucket bound.
+func histShares(a, b map[float64]float64) string {
+	var bounds []float64
+	for k := range b {
+		bounds = append(bounds, k)
+	}
+	slices.Sort(bounds)
+	if len(bounds) == 0 {
+		return ""
+	}
+	total := b[bounds[len(bounds)-1]] - a[bounds[len(bounds)-1]]
+	if total <= 0 {
+		return ""
+	}
+	var parts []string
+	for _, k := range bounds {
+		if k > 0.25 {
+			break
+		}
+		parts = append(parts, fmt.Sprintf("≤%gms %.2f%%", k*1000, 100*(b[k]-a[k])/total))
+	}
+	return fmt.Sprintf("%.0f requests: %s", total, strings.Join(parts, ", "))
 }

@@ -3,7 +3,11 @@ package api
 import (
 	"strconv"
 	"sync"
+	"time"
 	"unicode/utf8"
+
+	"github.com/velocity-consumer/velocity-consumer/pkg/service"
+	"github.com/velocity-consumer/velocity-consumer/pkg/window"
 )
 
 // The velocity answer is the hot response; it is written by hand rather than through
@@ -103,6 +107,54 @@ func appendVelocity(dst []byte, v *velocityJSON) []byte {
 		dst = append(dst, '}')
 	}
 	return append(dst, ']', '}')
+}
+
+// appendLookup appends the answer of a local lookup: the bytes appendVelocity writes
+// for s.velocityOf(it, p, sel), without building that value first (its windows slice
+// and as_of_time string were two allocations per lookup).
+func (s *Server) appendLookup(dst []byte, it *service.ReadItem, p int32, sel []int) []byte {
+	dst = append(dst, `{"entity_id":`...)
+	dst = appendJSONString(dst, it.Entity)
+	dst = append(dst, `,"known":`...)
+	dst = strconv.AppendBool(dst, it.Info.Known)
+	dst = appendField(dst, "partition", int64(p))
+	dst = appendField(dst, "as_of", it.Info.AsOf)
+	dst = append(dst, `,"as_of_time":"`...)
+	dst = time.UnixMilli(it.Info.AsOf).UTC().AppendFormat(dst, time.RFC3339Nano) // nothing in it to escape
+	dst = append(dst, '"')
+	dst = appendField(dst, "last_offset", it.Info.LastOffset)
+	dst = appendField(dst, "pending", int64(it.Info.Pending))
+	dst = append(dst, `,"at_range":{"from":`...)
+	dst = strconv.AppendInt(dst, it.Info.From, 10)
+	dst = appendField(dst, "to", it.Info.To)
+	dst = append(dst, `},"windows":[`...)
+	for j, i := range sel {
+		a := it.Aggs[i]
+		if j > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, s.windowHead[i]...)
+		dst = strconv.AppendInt(dst, a.Count, 10)
+		dst = appendField(dst, "sum_minor", a.Sum)
+		dst = appendField(dst, "min_minor", a.Min)
+		dst = appendField(dst, "max_minor", a.Max)
+		dst = append(dst, '}')
+	}
+	return append(dst, ']', '}')
+}
+
+// windowHeads are each window's constant start in an answer: `{"window":"1m",
+// "window_ms":60000,"bucket_ms":1000,"count":` (what appendLookup would otherwise
+// format again for every lookup).
+func windowHeads(specs []window.Spec) [][]byte {
+	heads := make([][]byte, len(specs))
+	for i, sp := range specs {
+		b := append([]byte(`{"window":`), appendJSONString(nil, sp.Name)...)
+		b = appendField(b, "window_ms", sp.WindowMs)
+		b = appendField(b, "bucket_ms", sp.BucketMs)
+		heads[i] = append(b, `,"count":`...)
+	}
+	return heads
 }
 
 // MarshalJSON makes the batch's encoding/json use the same writer.

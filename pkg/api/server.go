@@ -27,9 +27,11 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -84,11 +86,45 @@ type Server struct {
 	log    *zap.Logger
 	peers  *http.Client
 
-	reqPool sync.Pool // *service.ReadRequest of one lookup item
+	allWindows []int     // every window, in order: the selection of most lookups
+	windowHead [][]byte  // by window: the constant start of its part of an answer (encode.go)
+	reqPool    sync.Pool // *service.ReadRequest of one lookup item
 
 	requests  *prometheus.CounterVec
 	latency   *prometheus.HistogramVec
 	forwarded *prometheus.CounterVec
+	// The series each request updates, resolved once: WithLabelValues hashes its
+	// labels and formats the status code on every call.
+	latencyOf  [numOps]prometheus.Observer
+	requestsOf [numOps][600]atomic.Pointer[prometheus.Counter] // by status code, filled on first use
+}
+
+// op is an endpoint, the "op" label of the API's metrics.
+type op int
+
+const (
+	opOpenAPI op = iota
+	opBatch
+	opVelocity
+	opPreview
+	opOther
+	numOps
+)
+
+var opNames = [numOps]string{"openapi", "batch", "velocity", "preview", "other"}
+
+// requestCounter is the requests_total series of (o, code).
+func (s *Server) requestCounter(o op, code int) prometheus.Counter {
+	if code < 0 || code >= len(s.requestsOf[o]) {
+		return s.requests.WithLabelValues(opNames[o], strconv.Itoa(code))
+	}
+	slot := &s.requestsOf[o][code]
+	if c := slot.Load(); c != nil {
+		return *c
+	}
+	c := s.requests.WithLabelValues(opNames[o], strconv.Itoa(code))
+	slot.Store(&c) // a race stores the same series twice
+	return c
 }
 
 // New makes a Server.
@@ -108,7 +144,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	for i, sp := range s.specs {
 		s.byName[sp.Name] = i
+		s.allWindows = append(s.allWindows, i)
 	}
+	s.windowHead = windowHeads(s.specs)
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "velocity_api_requests_total", Help: "Query API requests by operation and HTTP status.",
 	}, []string{"op", "code"})
@@ -119,6 +157,9 @@ func New(cfg Config) (*Server, error) {
 	s.forwarded = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "velocity_api_forwarded_total", Help: "Query API requests (or batch parts) forwarded to the partition's owner, by outcome.",
 	}, []string{"outcome"})
+	for o := range numOps {
+		s.latencyOf[o] = s.latency.WithLabelValues(opNames[o])
+	}
 	if r := cfg.Registerer; r != nil {
 		for _, c := range []prometheus.Collector{s.requests, s.latency, s.forwarded} {
 			if err := r.Register(c); err != nil {
@@ -151,6 +192,10 @@ type statusWriter struct {
 	code int
 }
 
+// writerPool recycles statusWriters: one per request would be the handler's only
+// allocation on a lookup's path besides net/http's own.
+var writerPool = sync.Pool{New: func() any { return new(statusWriter) }}
+
 func (w *statusWriter) WriteHeader(code int) {
 	w.code = code
 	w.ResponseWriter.WriteHeader(code)
@@ -160,27 +205,31 @@ func (w *statusWriter) WriteHeader(code int) {
 // redirect ids such as "." or "a/../b" instead of answering for them.
 func (s *Server) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	w := &statusWriter{ResponseWriter: rw, code: http.StatusOK}
-	op := s.route(w, r)
-	s.requests.WithLabelValues(op, strconv.Itoa(w.code)).Inc()
-	s.latency.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	w := writerPool.Get().(*statusWriter)
+	*w = statusWriter{ResponseWriter: rw, code: http.StatusOK}
+	o := s.route(w, r)
+	code := w.code
+	*w = statusWriter{}
+	writerPool.Put(w)
+	s.requestCounter(o, code).Inc()
+	s.latencyOf[o].Observe(time.Since(start).Seconds())
 }
 
-func (s *Server) route(w http.ResponseWriter, r *http.Request) (op string) {
+func (s *Server) route(w http.ResponseWriter, r *http.Request) op {
 	path := r.URL.EscapedPath()
 	switch {
 	case path == "/v1/openapi.yaml":
 		if !s.method(w, r, http.MethodGet) {
-			return "openapi"
+			return opOpenAPI
 		}
 		w.Header().Set("Content-Type", "application/yaml")
 		_, _ = w.Write(apispec.OpenAPI)
-		return "openapi"
+		return opOpenAPI
 	case path == "/v1/velocity:batch":
 		if s.method(w, r, http.MethodPost) && s.authorized(w, r) {
 			s.batch(w, r)
 		}
-		return "batch"
+		return opBatch
 	case strings.HasPrefix(path, "/v1/entities/"):
 		rest := path[len("/v1/entities/"):]
 		i := strings.IndexByte(rest, '/')
@@ -193,16 +242,16 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) (op string) {
 			if s.method(w, r, http.MethodGet) && s.authorized(w, r) {
 				s.velocity(w, r, escID)
 			}
-			return "velocity"
+			return opVelocity
 		case "velocity:preview":
 			if s.method(w, r, http.MethodPost) && s.authorized(w, r) {
 				s.preview(w, r, escID)
 			}
-			return "preview"
+			return opPreview
 		}
 	}
 	writeError(w, errf(http.StatusNotFound, "not_found", "no such endpoint; see /v1/openapi.yaml"))
-	return "other"
+	return opOther
 }
 
 func (s *Server) method(w http.ResponseWriter, r *http.Request, want string) bool {
@@ -227,8 +276,12 @@ func (s *Server) authorized(w http.ResponseWriter, r *http.Request) bool {
 	return false
 }
 
+// jsonContentType is shared by every response's header map (net/http only reads it),
+// saving Header.Set's slice per response.
+var jsonContentType = []string{"application/json"}
+
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
+	w.Header()["Content-Type"] = jsonContentType
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
 }
@@ -311,6 +364,9 @@ func jsonTime(field string, raw json.RawMessage) (int64, *apiError) {
 
 // windows picks the windows to report: all, or those named (comma-separated, repeated).
 func (s *Server) windows(names []string) ([]int, *apiError) {
+	if len(names) == 0 {
+		return s.allWindows, nil
+	}
 	var idx []int
 	seen := map[int]bool{}
 	for _, v := range names {
@@ -330,9 +386,7 @@ func (s *Server) windows(names []string) ([]int, *apiError) {
 		}
 	}
 	if idx == nil {
-		for i := range s.specs {
-			idx = append(idx, i)
-		}
+		return s.allWindows, nil // shared: callers only read it
 	}
 	return idx, nil
 }
@@ -347,25 +401,61 @@ func truncate(s string, n int) string {
 // decodeBody reads a JSON object into v, strictly: unknown fields, trailing data and
 // over-long bodies are errors.
 func decodeBody(r *http.Request, v any) ([]byte, *apiError) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBodyBytes+1))
+	body, e := readBody(r, nil)
+	if e != nil {
+		return nil, e
+	}
+	return body, decodeStrict(body, v)
+}
+
+// readBody reads the request's body into buf[:0] (growing it), refusing one over
+// maxBodyBytes.
+func readBody(r *http.Request, buf []byte) ([]byte, *apiError) {
+	body, err := readAllInto(buf[:0], io.LimitReader(r.Body, maxBodyBytes+1), r.ContentLength)
 	if err != nil {
 		return nil, errf(http.StatusBadRequest, "invalid_body", "cannot read the body")
 	}
 	if len(body) > maxBodyBytes {
 		return nil, errf(http.StatusRequestEntityTooLarge, "body_too_large", "the body is over %d bytes", maxBodyBytes)
 	}
+	return body, nil
+}
+
+// readAllInto is io.ReadAll appending to dst, sized at once by a known length.
+func readAllInto(dst []byte, rd io.Reader, length int64) ([]byte, error) {
+	if length > 0 && length <= maxBodyBytes {
+		dst = slices.Grow(dst, int(length)+1) // +1: the read that sees EOF
+	}
+	for {
+		if len(dst) == cap(dst) {
+			dst = slices.Grow(dst, max(512, cap(dst)))
+		}
+		n, err := rd.Read(dst[len(dst):cap(dst)])
+		dst = dst[:len(dst)+n]
+		if err == io.EOF {
+			return dst, nil
+		}
+		if err != nil {
+			return dst, err
+		}
+	}
+}
+
+// decodeStrict decodes body, one JSON object, into v: unknown fields and trailing
+// data are errors.
+func decodeStrict(body []byte, v any) *apiError {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return nil, errf(http.StatusBadRequest, "invalid_body", "the body is not the JSON object this endpoint takes: %s", jsonErr(err))
+		return errf(http.StatusBadRequest, "invalid_body", "the body is not the JSON object this endpoint takes: %s", jsonErr(err))
 	}
 	if dec.More() {
-		return nil, errf(http.StatusBadRequest, "invalid_body", "data after the JSON object")
+		return errf(http.StatusBadRequest, "invalid_body", "data after the JSON object")
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return nil, errf(http.StatusBadRequest, "invalid_body", "data after the JSON object")
+		return errf(http.StatusBadRequest, "invalid_body", "data after the JSON object")
 	}
-	return body, nil
+	return nil
 }
 
 // jsonErr describes a decode error without echoing the input (which may hold ids).
@@ -450,8 +540,7 @@ func itemError(err error) *apiError {
 // readLocal asks this instance's service for partition p. It returns nil when
 // answered, or why not: errNotHere (forward), or an error to give the caller.
 func (s *Server) readLocal(ctx context.Context, p int32, req *service.ReadRequest) *apiError {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.ReadTimeout)
-	defer cancel()
+	req.Timeout = s.cfg.ReadTimeout
 	switch err := s.cfg.Backend.Read(ctx, p, req); {
 	case err == nil:
 		return nil
@@ -620,10 +709,9 @@ func (s *Server) velocity(w http.ResponseWriter, r *http.Request, escID string) 
 	case req.Items[0].Err != nil:
 		writeError(w, itemError(req.Items[0].Err))
 	default:
-		v := s.velocityOf(&req.Items[0], p, sel)
 		bp := bufPool.Get().(*[]byte)
-		b := append(appendVelocity((*bp)[:0], &v), '\n')
-		w.Header().Set("Content-Type", "application/json")
+		b := append(s.appendLookup((*bp)[:0], &req.Items[0], p, sel), '\n')
+		w.Header()["Content-Type"] = jsonContentType
 		_, _ = w.Write(b)
 		*bp = b
 		bufPool.Put(bp)
@@ -799,106 +887,14 @@ type batchItem struct {
 	Status   int           `json:"status"`
 	Velocity *velocityJSON `json:"velocity,omitempty"`
 	Error    *apiError     `json:"error,omitempty"`
+	// local, instead of Velocity, is a lookup answered here (written by
+	// appendLookup for partition part).
+	local *service.ReadItem
+	part  int32
 }
 
 type batchResponse struct {
 	Results []batchItem `json:"results"`
-}
-
-// batch serves POST /v1/velocity:batch: many entities in one request, grouped by
-// partition; each partition is read once, here or at its owner (one forwarded
-// batch per owner partition), and results come back in request order, each with
-// its own status.
-func (s *Server) batch(w http.ResponseWriter, r *http.Request) {
-	var b batchBody
-	if _, e := decodeBody(r, &b); e != nil {
-		writeError(w, e)
-		return
-	}
-	if b.EntityIDs == nil {
-		writeError(w, errf(http.StatusBadRequest, "invalid_body", "entity_ids is required"))
-		return
-	}
-	if len(b.EntityIDs) > MaxBatch {
-		writeError(w, errf(http.StatusBadRequest, "too_many_entities", "at most %d entity ids per batch", MaxBatch))
-		return
-	}
-	if b.nullWindows {
-		writeError(w, errf(http.StatusBadRequest, "invalid_body", "windows must be an array of window names"))
-		return
-	}
-	useDefault, asOf := true, int64(0)
-	if len(b.At) > 0 {
-		var e *apiError
-		if asOf, e = jsonTime("at", b.At); e != nil {
-			writeError(w, e)
-			return
-		}
-		useDefault = false
-	}
-	sel, e := s.windows(b.Windows)
-	if e != nil {
-		writeError(w, e)
-		return
-	}
-	n, ok := s.cfg.Locator.Partitions()
-	if !ok {
-		s.cfg.Locator.Poke()
-		writeError(w, unavailable("the input topic's partitions are not known yet"))
-		return
-	}
-	results := make([]batchItem, len(b.EntityIDs))
-	byPart := map[int32][]int{}
-	for i, id := range b.EntityIDs {
-		if e := entityID(id); e != nil {
-			results[i] = batchItem{Status: e.status, Error: e}
-			continue
-		}
-		p := PartitionOf(id, n)
-		byPart[p] = append(byPart[p], i)
-	}
-	type remote struct {
-		base string
-		idx  []int
-	}
-	var remotes []remote
-	for p, idx := range byPart {
-		req := service.NewReadRequest(len(idx), len(s.specs))
-		for j, i := range idx {
-			req.Items[j].Entity, req.Items[j].AsOf, req.Items[j].UseDefault = b.EntityIDs[i], asOf, useDefault
-		}
-		e := s.readLocal(r.Context(), p, req)
-		if e == errNotHere {
-			var base string
-			if base, e = s.owner(r, p); e == nil {
-				remotes = append(remotes, remote{base, idx})
-				continue
-			}
-		}
-		for j, i := range idx {
-			switch it := &req.Items[j]; {
-			case e != nil:
-				results[i] = batchItem{Status: e.status, Error: e}
-			case it.Err != nil:
-				ie := itemError(it.Err)
-				results[i] = batchItem{Status: ie.status, Error: ie}
-			default:
-				v := s.velocityOf(it, p, sel)
-				results[i] = batchItem{Status: http.StatusOK, Velocity: &v}
-			}
-		}
-	}
-	done := make(chan struct{}, len(remotes))
-	for _, rm := range remotes {
-		go func() {
-			defer func() { done <- struct{}{} }()
-			s.forwardBatch(r, rm.base, b, rm.idx, results)
-		}()
-	}
-	for range remotes {
-		<-done
-	}
-	writeJSON(w, http.StatusOK, batchResponse{Results: results})
 }
 
 // forwardBatch asks the owner at base for the entities idx of b and fills their

@@ -103,6 +103,21 @@ func (p *Processor) Lookup(entity string, asOf int64, useDefault bool, out []win
 	return info, err
 }
 
+// HintLookup tells the processor that a Lookup of entity comes soon, so that its
+// cache misses overlap the lookups before it: with far, about 2·HintDistance lookups
+// ahead, it starts loading the entity's index entry; without, about HintDistance
+// ahead, its record and events (window.Table.Prefetch and PrefetchRecord). Many
+// lookups served in one go (a batch, or a turn of queued requests) each cost a chain
+// of dependent misses at a million entities, which hints turn into overlapped ones.
+// It never changes anything.
+func (p *Processor) HintLookup(entity string, far bool) {
+	if far {
+		p.table.Prefetch(entity)
+	} else {
+		p.table.PrefetchRecord(entity)
+	}
+}
+
 // Specs are the processor's windows, in output order.
 func (p *Processor) Specs() []window.Spec { return slices.Clone(p.cfg.Specs) }
 

@@ -255,3 +255,48 @@ func TestLookupSameAfterRestore(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkLookupMany: lookups of random entities one after another, as a turn of
+// queued reads or a batch is served, without and with HintLookup kept
+// 2·HintDistance / HintDistance items ahead (pkg/service's serveReads): per lookup,
+// the dependent cache misses of the index entry, the record and its events, or those
+// misses overlapped.
+func BenchmarkLookupMany(b *testing.B) {
+	for _, n := range []int{10_000, 1 << 20} {
+		p := newTestProcessor(b, window.DefaultSpecs, 0, LateDLQ)
+		emit := func(*Output) {}
+		ids := make([]string, n)
+		for i := range ids {
+			ids[i] = fmt.Sprintf("card-%010d", i*7919)
+		}
+		rng := rand.New(rand.NewPCG(5, 5))
+		for i := range 3 * n {
+			id := ids[rng.IntN(n)]
+			tx := codec.Transaction{EventID: fmt.Sprint(i), EntityID: id, AmountMinor: rng.Int64N(10_000), EventTime: t0Bench + int64(i)}
+			p.Process(Record{Offset: int64(i), Key: []byte(id), Value: codec.EncodeTransaction(&tx)}, emit)
+		}
+		rng.Shuffle(n, func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
+		out := make([]window.Agg, 4)
+		for _, hinted := range []bool{false, true} {
+			b.Run(fmt.Sprintf("entities=%d/hinted=%v", n, hinted), func(b *testing.B) {
+				var sink int64
+				b.ReportAllocs()
+				for i := 0; b.Loop(); i++ {
+					if hinted {
+						p.HintLookup(ids[(i+2*HintDistance)%n], true)
+						p.HintLookup(ids[(i+HintDistance)%n], false)
+					}
+					if _, err := p.Lookup(ids[i%n], 0, true, out); err != nil {
+						b.Fatal(err)
+					}
+					sink += out[3].Count
+				}
+				if sink == 0 {
+					b.Fatal("nothing read")
+				}
+			})
+		}
+	}
+}
+
+const t0Bench = int64(1_700_000_000_000)

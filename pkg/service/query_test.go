@@ -3,6 +3,9 @@ package service
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -163,4 +166,147 @@ func startServiceB(b *testing.B, cfg Config) (*Service, func()) {
 	done := make(chan error, 1)
 	go func() { done <- svc.Run(ctx) }()
 	return svc, func() { cancel(); <-done }
+}
+
+// TestReadTimeout: a request whose worker does not serve it in time gives up with
+// context.DeadlineExceeded after its Timeout, and a request reused with a timeout
+// (its timer reset each time) is answered every time, never by a stale expiry.
+func TestReadTimeout(t *testing.T) {
+	stuck := &worker{queries: make(chan *ReadRequest, 1), done: make(chan struct{})}
+	s := &Service{workers: map[int32]*worker{0: stuck}}
+	req := NewReadRequest(1, 1)
+	req.Timeout = 20 * time.Millisecond
+	start := time.Now()
+	if err := s.Read(context.Background(), 0, req); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("unserved read: %v", err)
+	}
+	if el := time.Since(start); el < req.Timeout || el > 2*time.Second {
+		t.Fatalf("gave up after %v, timeout %v", el, req.Timeout)
+	}
+
+	// A worker that answers after 5 ms, reusing one request with a 50 ms timeout: a
+	// timer not reset, or still holding an old expiry, would fail some of them.
+	served := &worker{queries: make(chan *ReadRequest, 1), done: make(chan struct{})}
+	s = &Service{workers: map[int32]*worker{0: served}}
+	go func() {
+		for r := range served.queries {
+			time.Sleep(5 * time.Millisecond)
+			r.Specs = []window.Spec{}
+			r.done <- struct{}{}
+		}
+	}()
+	defer close(served.queries)
+	req = NewReadRequest(1, 1)
+	req.Timeout = 50 * time.Millisecond
+	for i := range 30 {
+		req.Specs = nil
+		if err := s.Read(context.Background(), 0, req); err != nil {
+			t.Fatalf("read %d: %v", i, err)
+		}
+	}
+}
+
+// TestConcurrentReadsInTurns: many readers at once, each one item, are served in
+// turns (several requests per wake-up) and every answer is the single read's.
+func TestConcurrentReadsInTurns(t *testing.T) {
+	brokers := newCluster(t, 1)
+	st := streamtest.Generate(inTopic, 6, 3000, 1)
+	produce(t, brokers, st.Records)
+	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
+	svc, _ := startService(t, cfg)
+	readOutputs(t, brokers, len(st.Records), time.Minute)
+	ctx := context.Background()
+	entities := map[string]bool{}
+	for _, e := range st.ByPart[0] {
+		entities[e.Entity] = true
+	}
+	want := map[string][]window.Agg{}
+	for ent := range entities {
+		req := NewReadRequest(1, len(cfg.Specs))
+		req.Items[0].Entity, req.Items[0].UseDefault = ent, true
+		if err := svc.Read(ctx, 0, req); err != nil || req.Items[0].Err != nil {
+			t.Fatal(err, req.Items[0].Err)
+		}
+		want[ent] = req.Items[0].Aggs
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req := NewReadRequest(1, len(cfg.Specs))
+			req.Timeout = 10 * time.Second
+			for ent := range entities { // each goroutine every entity, in its own order
+				req.Items[0] = ReadItem{Entity: ent, UseDefault: true, Aggs: req.Items[0].Aggs}
+				req.Specs = nil
+				for {
+					err := svc.Read(ctx, 0, req)
+					if errors.Is(err, ErrBusy) {
+						time.Sleep(time.Millisecond)
+						continue
+					}
+					if err != nil || req.Items[0].Err != nil {
+						errs <- fmt.Errorf("%s: %v %v", ent, err, req.Items[0].Err)
+						return
+					}
+					break
+				}
+				if !slices.Equal(req.Items[0].Aggs, want[ent]) {
+					errs <- fmt.Errorf("%s: %+v, single read %+v", ent, req.Items[0].Aggs, want[ent])
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+// TestServeReadsAllocatesNothing: a turn of queued lookups (with its lookahead) is
+// served without allocating: the turn and its cursors stay on the worker's stack.
+func TestServeReadsAllocatesNothing(t *testing.T) {
+	specs, _ := window.ParseSpecs(window.DefaultSpecs)
+	dec, _ := codec.NewDecoder("", codec.DefaultLimits())
+	proc, err := pipeline.New(pipeline.Config{Topic: "tx", Specs: specs, Decoder: dec}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 500 {
+		tx := codec.Transaction{EventID: fmt.Sprint(i), EntityID: fmt.Sprintf("card-%d", i%50), AmountMinor: int64(i), EventTime: 1_800_000_000_000 + int64(i)*1000}
+		proc.Process(pipeline.Record{Topic: "tx", Offset: int64(i), Key: []byte(tx.EntityID), Value: codec.EncodeTransaction(&tx)}, func(*pipeline.Output) {})
+	}
+	s := &Service{cfg: Config{Specs: specs}}
+	w := &worker{s: s, proc: proc, queries: make(chan *ReadRequest, queryQueue)}
+	s.workers = map[int32]*worker{0: w}
+	reqs := make([]*ReadRequest, 20)
+	for i := range reqs {
+		reqs[i] = NewReadRequest(3, len(specs))
+		for j := range reqs[i].Items {
+			reqs[i].Items[j].Entity, reqs[i].Items[j].UseDefault = fmt.Sprintf("card-%d", (i*3+j)%60), true
+		}
+	}
+	allocs := testing.AllocsPerRun(50, func() {
+		for _, r := range reqs[1:] {
+			w.queries <- r
+		}
+		w.serveReads(reqs[0])
+		for _, r := range reqs {
+			<-r.done
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per turn", allocs)
+	}
+	for _, r := range reqs {
+		if r.Specs == nil || r.Items[0].Err != nil {
+			t.Fatalf("not served: %+v", r.Items[0])
+		}
+	}
+	if reqs[0].Items[0].Aggs[3].Count == 0 {
+		t.Fatal("card-0 read as empty")
+	}
 }

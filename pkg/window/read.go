@@ -77,40 +77,50 @@ func (t *Table) ReadAt(entity string, asOf int64, out []Agg) (newest int64, know
 // suffixRaw writes into out[i] the totals of the raw events at or after t.lo[i] (a
 // time), for every window, in one backward pass: windows are visited in decreasing
 // lower bound, each taking the running total as the pass crosses its bound.
+//
+// The pass keeps the running total and the next bound in locals: with them read
+// through t and its slices on every event (the compiler cannot keep a slice element
+// in a register across the stores to out), the bound test was most of a read of an
+// entity with a few dozen events (BenchmarkReadAt/raw).
 func (t *Table) suffixRaw(raw []rawEvent, out []Agg) {
 	nw := len(t.bms)
 	if len(t.order) != nw {
 		t.order = make([]int, nw) // once per table; a scratch, not state
 	}
+	lo, order := t.lo[:nw], t.order[:nw]
+	out = out[:nw]
 	for i := range nw { // insertion sort by decreasing lo: a handful of windows
 		j := i
-		for ; j > 0 && t.lo[t.order[j-1]] < t.lo[i]; j-- {
-			t.order[j] = t.order[j-1]
+		for ; j > 0 && lo[order[j-1]] < lo[i]; j-- {
+			order[j] = order[j-1]
 		}
-		t.order[j] = i
+		order[j] = i
 	}
-	var acc Agg
+	var cnt, sum int64
+	mn, mx := int64(math.MaxInt64), int64(math.MinInt64)
+	total := func() Agg {
+		if cnt == 0 {
+			return Agg{}
+		}
+		return Agg{cnt, sum, mn, mx}
+	}
 	w := 0
-	for j := len(raw) - 1; j >= 0 && w < nw; j-- {
+	bound := lo[order[0]]
+	for j := len(raw) - 1; j >= 0; j-- {
 		ev := raw[j]
-		for w < nw && ev.t < t.lo[t.order[w]] {
-			out[t.order[w]] = acc
-			w++
+		for ev.t < bound {
+			out[order[w]] = total()
+			if w++; w == nw {
+				return
+			}
+			bound = lo[order[w]]
 		}
-		if w == nw {
-			break
-		}
-		if acc.Count == 0 {
-			acc = Agg{1, ev.a, ev.a, ev.a}
-		} else {
-			acc.Count++
-			acc.Sum += ev.a
-			acc.Min = min(acc.Min, ev.a)
-			acc.Max = max(acc.Max, ev.a)
-		}
+		cnt++
+		sum += ev.a
+		mn, mx = min(mn, ev.a), max(mx, ev.a)
 	}
 	for ; w < nw; w++ {
-		out[t.order[w]] = acc
+		out[order[w]] = total()
 	}
 }
 
