@@ -111,7 +111,8 @@ func DefaultLimits() Limits {
 	return Limits{MaxRecordBytes: defaultMaxRecordBytes, MinEventTime: defaultMinEventTime, MaxAheadMs: defaultMaxAheadMs}
 }
 
-func (l Limits) withDefaults() Limits {
+// WithDefaults returns l with each zero field at its default (DefaultLimits).
+func (l Limits) WithDefaults() Limits {
 	if l.MaxRecordBytes == 0 {
 		l.MaxRecordBytes = defaultMaxRecordBytes
 	}
@@ -138,7 +139,7 @@ type Decoder interface {
 // with limits' zero fields at their defaults. Reasons name the contract's fields
 // (invalid:event_id, ...); a decoder over another schema renames them to its own.
 func Validate(tx *Transaction, limits Limits, maxSeen int64, hasMaxSeen bool) *Rejection {
-	l := limits.withDefaults()
+	l := limits.WithDefaults()
 	return validate(tx, &l, maxSeen, hasMaxSeen)
 }
 

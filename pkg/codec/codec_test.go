@@ -27,7 +27,7 @@ func decoders(t testing.TB, l Limits) map[string]Decoder {
 	if _, ok := fast.(*fastDecoder); !ok {
 		t.Fatalf("NewDecoder(\"\") = %T, want the fast path", fast)
 	}
-	slow, err := newGoavroDecoder(schemas.Transaction, l.withDefaults())
+	slow, err := newGoavroDecoder(schemas.Transaction, l.WithDefaults())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,8 +123,8 @@ func TestTooLargeIsCheckedBeforeDecoding(t *testing.T) {
 
 func TestDefaultLimits(t *testing.T) {
 	l := DefaultLimits()
-	if l != (Limits{}).withDefaults() {
-		t.Fatalf("zero Limits do not take the defaults: %+v", (Limits{}).withDefaults())
+	if l != (Limits{}).WithDefaults() {
+		t.Fatalf("zero Limits do not take the defaults: %+v", (Limits{}).WithDefaults())
 	}
 	if l.MaxRecordBytes != 1<<20 || l.MinEventTime != 946684800000 || l.MaxAheadMs != 86400000 {
 		t.Fatalf("DefaultLimits() = %+v", l)

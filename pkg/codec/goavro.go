@@ -21,7 +21,7 @@ import (
 // here rather than a dead letter per record. Zero Limits fields take their
 // defaults. Decoders are stateless and safe for concurrent use.
 func NewDecoder(writerSchema string, limits Limits) (Decoder, error) {
-	limits = limits.withDefaults()
+	limits = limits.WithDefaults()
 	if limits.MaxRecordBytes < 0 || limits.MaxAheadMs < 0 {
 		return nil, fmt.Errorf("codec limits must not be negative: %+v", limits)
 	}

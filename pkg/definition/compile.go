@@ -41,20 +41,6 @@ func Compiler(def *Definition, limits codec.Limits) func(writerSchema string) (c
 	}
 }
 
-func withDefaults(l codec.Limits) codec.Limits {
-	def := codec.DefaultLimits()
-	if l.MaxRecordBytes == 0 {
-		l.MaxRecordBytes = def.MaxRecordBytes
-	}
-	if l.MinEventTime == 0 {
-		l.MinEventTime = def.MinEventTime
-	}
-	if l.MaxAheadMs == 0 {
-		l.MaxAheadMs = def.MaxAheadMs
-	}
-	return l
-}
-
 // Compile resolves every path of def against writerSchema and builds the
 // decoder. writerSchema "" means our Transaction schema (schemas.Transaction),
 // as for codec.NewDecoder, so a definition without input.schema and without a
@@ -62,7 +48,7 @@ func withDefaults(l codec.Limits) codec.Limits {
 // constant the field cannot hold: each is an error naming the definition's
 // file, line and key.
 func Compile(def *Definition, writerSchema string, limits codec.Limits) (*Compiled, error) {
-	limits = withDefaults(limits)
+	limits = limits.WithDefaults()
 	if limits.MaxRecordBytes < 0 || limits.MaxAheadMs < 0 {
 		return nil, fmt.Errorf("codec limits must not be negative: %+v", limits)
 	}

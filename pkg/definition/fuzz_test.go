@@ -51,7 +51,7 @@ func FuzzParse(f *testing.F) {
 			t.Fatal("hash unstable")
 		}
 		// Compiling either works or errs, and what compiles reads a record.
-		if c, err := compileParsed(d, wide, withDefaults(codec.Limits{})); err == nil {
+		if c, err := compileParsed(d, wide, codec.Limits{}.WithDefaults()); err == nil {
 			var tx codec.Transaction
 			c.Decoder().Decode(data, 0, false, &tx)
 		}

@@ -33,7 +33,7 @@ func newRef(def *Definition, schema string) *refDecoder {
 	if err != nil {
 		panic(err)
 	}
-	return &refDecoder{def: def, codec: c, limits: withDefaults(codec.Limits{}), schema: schema}
+	return &refDecoder{def: def, codec: c, limits: codec.Limits{}.WithDefaults(), schema: schema}
 }
 
 func unwrap(v any) any {

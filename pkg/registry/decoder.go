@@ -48,7 +48,7 @@ type Decoder struct {
 // applies limits. ctx bounds Decode's own waiting for an unreachable
 // registry (see Decode); cancel it at shutdown.
 func NewDecoder(ctx context.Context, cl *sr.Client, limits codec.Limits) *Decoder {
-	l := withDefaults(limits)
+	l := limits.WithDefaults()
 	return NewDecoderWith(ctx, cl, l, func(schema string) (codec.Decoder, error) { return codec.NewDecoder(schema, l) })
 }
 
@@ -62,24 +62,10 @@ type Compile func(writerSchema string) (codec.Decoder, error)
 // writer schema the topic's records name. limits is still applied to the
 // wire-format checks this package makes itself.
 func NewDecoderWith(ctx context.Context, cl *sr.Client, limits codec.Limits, compile Compile) *Decoder {
-	d := &Decoder{cl: cl, limits: withDefaults(limits), ctx: ctx, compile: compile, minBackoff: 200 * time.Millisecond, maxBackoff: 10 * time.Second}
+	d := &Decoder{cl: cl, limits: limits.WithDefaults(), ctx: ctx, compile: compile, minBackoff: 200 * time.Millisecond, maxBackoff: 10 * time.Second}
 	empty := map[int]*entry{}
 	d.ids.Store(&empty)
 	return d
-}
-
-func withDefaults(l codec.Limits) codec.Limits {
-	def := codec.DefaultLimits()
-	if l.MaxRecordBytes == 0 {
-		l.MaxRecordBytes = def.MaxRecordBytes
-	}
-	if l.MinEventTime == 0 {
-		l.MinEventTime = def.MinEventTime
-	}
-	if l.MaxAheadMs == 0 {
-		l.MaxAheadMs = def.MaxAheadMs
-	}
-	return l
 }
 
 // SchemaID returns the schema id of a wire-format value, or a decode
