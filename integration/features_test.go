@@ -3,11 +3,9 @@
 package integration
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"os"
@@ -46,21 +44,10 @@ const (
 // carries the definition in its velocity.definition header.
 func TestFeatureDefinitionLiveOnTheBroker(t *testing.T) {
 	t.Parallel()
-	requireReference(t)
+	streamtest.RequireReference(t)
 	addr := kafkatest.Broker(t)
 	bin := replayBinary(t)
-	schema, err := os.ReadFile(cardSchemaPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	def, err := definition.LoadFile(cardDefinitionPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec, err := definition.EngineSpec(def)
-	if err != nil {
-		t.Fatal(err)
-	}
+	schema, def, spec := loadCardDefinition(t)
 	outCodec, err := goavro.NewCodec(feature.AvroSchema(spec))
 	if err != nil {
 		t.Fatal(err)
@@ -178,7 +165,7 @@ func TestFeatureDefinitionLiveOnTheBroker(t *testing.T) {
 			t.Fatal(err)
 		}
 		f.Close()
-		ref := runFeaturesReference(t, cardDefinitionPath, file, in, p)
+		ref := streamtest.RunReference(t, featuresReference, cardDefinitionPath, file, 0, in, p)
 		for off, want := range ref {
 			pos := replayPos{p, off}
 			if want.Dead != "" {
@@ -214,6 +201,24 @@ func TestFeatureDefinitionLiveOnTheBroker(t *testing.T) {
 		n, partitions, len(live.features), exact, estimates, len(live.dead))
 }
 
+// loadCardDefinition reads the test definition and the schema it maps.
+func loadCardDefinition(t *testing.T) ([]byte, *definition.Definition, *feature.Spec) {
+	t.Helper()
+	schema, err := os.ReadFile(cardSchemaPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	def, err := definition.LoadFile(cardDefinitionPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, err := definition.EngineSpec(def)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return schema, def, spec
+}
+
 // cardDistinct are the test definition's distinct counts and their max_exact.
 var cardDistinct = map[string]int{"distinct_merchants": 64, "distinct_mcc": 16}
 
@@ -229,16 +234,6 @@ func acceptEstimates(t *testing.T, pos replayPos, name string, maxExact int, got
 			}
 			want[k] = got[k]
 		}
-	}
-}
-
-func requireReference(t *testing.T) {
-	t.Helper()
-	if err := exec.Command("python3", "-c", "import fastavro, yaml").Run(); err != nil {
-		if v := os.Getenv("VELOCITY_REQUIRE_PYTHON"); v == "" || v == "0" {
-			t.Skipf("python3 with fastavro and PyYAML not available (%v): VELOCITY_REQUIRE_PYTHON=1 makes this a failure", err)
-		}
-		t.Fatalf("python3 with fastavro and PyYAML is required (VELOCITY_REQUIRE_PYTHON=1): %v", err)
 	}
 }
 
@@ -336,42 +331,6 @@ func readInputPartitions(t *testing.T, ctx context.Context, addr, topic string, 
 	return out
 }
 
-type featuresReferenceLine struct {
-	Offset   int64           `json:"offset"`
-	Dead     string          `json:"dead"`
-	Features map[string]any  `json:"features"`
-	Over     map[string]bool `json:"distinct_over_bound"`
-}
-
-func runFeaturesReference(t *testing.T, def, input, topic string, partition int32) map[int64]featuresReferenceLine {
-	t.Helper()
-	cmd := exec.Command("python3", featuresReference, def, input, "--topic", topic, "--partition", fmt.Sprint(partition))
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("reference: %v\n%s", err, stderr.Bytes())
-	}
-	got := map[int64]featuresReferenceLine{}
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		var r featuresReferenceLine
-		dec := json.NewDecoder(bytes.NewReader(sc.Bytes()))
-		dec.UseNumber()
-		if err := dec.Decode(&r); err != nil {
-			t.Fatal(err)
-		}
-		for k, v := range r.Features {
-			if num, ok := v.(json.Number); ok {
-				r.Features[k], _ = num.Int64()
-			}
-		}
-		got[r.Offset] = r
-	}
-	return got
-}
-
 // TestFeatureDefinitionWithRegistry replays a topic in the Confluent wire format
 // under a definition: each record's writer schema comes from the registry and is
 // compiled by the definition's mapping, and the features go out under the
@@ -379,22 +338,11 @@ func runFeaturesReference(t *testing.T, def, input, topic string, partition int3
 // What it publishes equals the independent reference.
 func TestFeatureDefinitionWithRegistry(t *testing.T) {
 	t.Parallel()
-	requireReference(t)
+	streamtest.RequireReference(t)
 	addr := kafkatest.Broker(t)
 	bin := replayBinary(t)
 	reg := srtest.Start(t)
-	schema, err := os.ReadFile(cardSchemaPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	def, err := definition.LoadFile(cardDefinitionPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec, err := definition.EngineSpec(def)
-	if err != nil {
-		t.Fatal(err)
-	}
+	schema, def, spec := loadCardDefinition(t)
 	ctx := kafkatest.Context(t, 3*time.Minute)
 	rcl, err := sr.NewClient(sr.URLs(reg.URL()))
 	if err != nil {
@@ -452,6 +400,9 @@ func TestFeatureDefinitionWithRegistry(t *testing.T) {
 			for _, hd := range r.Headers {
 				h[hd.Key] = string(hd.Value)
 			}
+			if want := def.Version + "@" + def.Hash(); h[sink.HeaderDefinition] != want {
+				t.Fatalf("%s record at %d: velocity.definition %q, want %q", r.Topic, r.Offset, h[sink.HeaderDefinition], want)
+			}
 			if r.Topic == dlq {
 				var o int64
 				fmt.Sscan(h[codec.HeaderSourceOffset], &o)
@@ -479,7 +430,7 @@ func TestFeatureDefinitionWithRegistry(t *testing.T) {
 	}
 	f.Close()
 	bad := 0
-	for off, want := range runFeaturesReference(t, cardDefinitionPath, file, in, 0) {
+	for off, want := range streamtest.RunReference(t, featuresReference, cardDefinitionPath, file, 0, in, 0) {
 		switch got := rows[off]; {
 		case want.Dead != "":
 			if dead[off] != want.Dead {

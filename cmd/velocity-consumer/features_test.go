@@ -5,9 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -22,63 +20,6 @@ const (
 	cardDefinitionFile = "testdata/card_features_tenths.yaml"
 	referenceScript    = "../../integration/reference/features_reference.py"
 )
-
-// requirePython skips without python3 and the reference's modules, unless
-// VELOCITY_REQUIRE_PYTHON=1 (make test, CI): then their absence fails.
-func requirePython(t *testing.T) {
-	t.Helper()
-	if err := exec.Command("python3", "-c", "import fastavro, yaml").Run(); err != nil {
-		if v := os.Getenv("VELOCITY_REQUIRE_PYTHON"); v == "" || v == "0" {
-			t.Skipf("python3 with fastavro and PyYAML not available (%v): VELOCITY_REQUIRE_PYTHON=1 makes this a failure", err)
-		}
-		t.Fatalf("python3 with fastavro and PyYAML is required (VELOCITY_REQUIRE_PYTHON=1): %v", err)
-	}
-}
-
-// referenceLine is one line of features_reference.py's output.
-type referenceLine struct {
-	Offset   int64           `json:"offset"`
-	Dead     string          `json:"dead"`
-	Features map[string]any  `json:"features"`
-	Over     map[string]bool `json:"distinct_over_bound"`
-}
-
-// runReference runs the independent reference over an OCF file.
-func runReference(t *testing.T, def, input string, lateness time.Duration, topic string) map[int64]referenceLine {
-	t.Helper()
-	cmd := exec.Command("python3", referenceScript, def, input, "--lateness-ms", fmt.Sprint(lateness.Milliseconds()), "--topic", topic)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("reference: %v\n%s", err, stderr.Bytes())
-	}
-	got := map[int64]referenceLine{}
-	for _, l := range bytes.Split(bytes.TrimSpace(out), []byte("\n")) {
-		var r referenceLine
-		dec := json.NewDecoder(bytes.NewReader(l))
-		dec.UseNumber()
-		if err := dec.Decode(&r); err != nil {
-			t.Fatalf("reference line %s: %v", l, err)
-		}
-		normalize(r.Features)
-		got[r.Offset] = r
-	}
-	return got
-}
-
-// normalize turns json.Numbers into int64 so that maps compare with DeepEqual.
-func normalize(m map[string]any) {
-	for k, v := range m {
-		if n, ok := v.(json.Number); ok {
-			i, err := n.Int64()
-			if err != nil {
-				panic(fmt.Sprintf("%s: %v", k, err))
-			}
-			m[k] = i
-		}
-	}
-}
 
 func readJSONObjects(t *testing.T, path string) []map[string]any {
 	t.Helper()
@@ -97,7 +38,7 @@ func readJSONObjects(t *testing.T, path string) []map[string]any {
 		if err := dec.Decode(&m); err != nil {
 			t.Fatalf("%s: %v", path, err)
 		}
-		normalize(m)
+		streamtest.IntNumbers(m)
 		out = append(out, m)
 	}
 	return out
@@ -109,7 +50,7 @@ func readJSONObjects(t *testing.T, path string) []map[string]any {
 // reports as an estimate (<feature>_exact false) is only allowed where the
 // reference says the entity held more distinct values than max_exact, and is
 // then checked against the published error bound instead of equality.
-func compareWithReference(t *testing.T, ref map[int64]referenceLine, features, dead map[int64]map[string]any, distinct map[string]int) (exact, estimates int) {
+func compareWithReference(t *testing.T, ref map[int64]streamtest.ReferenceLine, features, dead map[int64]map[string]any, distinct map[string]int) (exact, estimates int) {
 	t.Helper()
 	if len(features)+len(dead) != len(ref) {
 		t.Errorf("%d features + %d dead letters for %d input offsets", len(features), len(dead), len(ref))
@@ -179,7 +120,7 @@ func maps(m map[string]any) map[string]any {
 // JSON-lines output field by field, the dead letters by reason. The Parquet
 // output must say what the JSON lines say.
 func TestFeatureDefinitionReplayEqualsReference(t *testing.T) {
-	requirePython(t)
+	streamtest.RequireReference(t)
 	schema, err := os.ReadFile(cardSchemaFile)
 	if err != nil {
 		t.Fatal(err)
@@ -204,7 +145,7 @@ func TestFeatureDefinitionReplayEqualsReference(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ref := runReference(t, cardDefinitionFile, input, lateness, filepath.Base(input)) // a file source names itself
+	ref := streamtest.RunReference(t, referenceScript, cardDefinitionFile, input, lateness, filepath.Base(input), 0) // a file source names itself
 	features, dead := map[int64]map[string]any{}, map[int64]map[string]any{}
 	for _, m := range readJSONObjects(t, out) {
 		features[m["source_offset"].(int64)] = m

@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -192,38 +191,7 @@ func TestFlatParquetSink(t *testing.T) {
 	for _, c := range pf.Schema().Columns() {
 		cols = append(cols, c[0])
 	}
-	r := parquet.NewReader(pf)
-	defer r.Close()
-	var got []map[string]any
-	rows := make([]parquet.Row, 64)
-	for {
-		n, err := r.ReadRows(rows)
-		for _, row := range rows[:n] {
-			m := map[string]any{}
-			for _, v := range row {
-				name := cols[v.Column()]
-				switch {
-				case v.IsNull():
-					m[name] = nil
-				case v.Kind() == parquet.ByteArray:
-					m[name] = string(v.ByteArray())
-				case v.Kind() == parquet.Boolean:
-					m[name] = v.Boolean()
-				case v.Kind() == parquet.Int32:
-					m[name] = int64(v.Int32())
-				default:
-					m[name] = v.Int64()
-				}
-			}
-			got = append(got, m)
-		}
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	got := readParquetMaps(t, pf, cols)
 	if len(got) != len(want) {
 		t.Fatalf("%d rows, want %d", len(got), len(want))
 	}

@@ -105,10 +105,25 @@ func TestParquetSinkReadBack(t *testing.T) {
 		}
 	}
 
+	got := readParquetMaps(t, pf, cols)
+	if len(got) != len(want) {
+		t.Fatalf("%d rows, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if w := flatRow(want[i]); !reflect.DeepEqual(got[i], w) {
+			t.Errorf("row %d:\n got %v\nwant %v", i, got[i], w)
+		}
+	}
+}
+
+// readParquetMaps reads every row of pf as a map from column name (cols, in
+// schema order) to value: strings, booleans, int64 (int32 widened) or nil.
+func readParquetMaps(t *testing.T, pf *parquet.File, cols []string) []map[string]any {
+	t.Helper()
 	r := parquet.NewReader(pf)
 	defer r.Close()
 	var got []map[string]any
-	rows := make([]parquet.Row, 4)
+	rows := make([]parquet.Row, 64)
 	for {
 		n, err := r.ReadRows(rows)
 		for _, row := range rows[:n] {
@@ -131,18 +146,10 @@ func TestParquetSinkReadBack(t *testing.T) {
 			got = append(got, m)
 		}
 		if errors.Is(err, io.EOF) {
-			break
+			return got
 		}
 		if err != nil {
 			t.Fatal(err)
-		}
-	}
-	if len(got) != len(want) {
-		t.Fatalf("%d rows, want %d", len(got), len(want))
-	}
-	for i := range want {
-		if w := flatRow(want[i]); !reflect.DeepEqual(got[i], w) {
-			t.Errorf("row %d:\n got %v\nwant %v", i, got[i], w)
 		}
 	}
 }
