@@ -8,11 +8,11 @@ import (
 	"hash/fnv"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/velocity-consumer/velocity-consumer/integration/kafkatest"
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 )
 
@@ -172,7 +172,7 @@ func (pr *producer) burst(ctx context.Context, n int, d time.Duration) error {
 			batch = append(batch, pr.gen.next())
 		}
 		bctx, cancel := context.WithTimeout(ctx, 3*time.Minute) // a broker restart takes seconds
-		err := kafkatest.Produce(bctx, pr.cl, batch...)
+		err := produceRetrying(bctx, pr.cl, batch)
 		cancel()
 		if err != nil {
 			return err
@@ -183,4 +183,47 @@ func (pr *producer) burst(ctx context.Context, n int, d time.Duration) error {
 		}
 	}
 	return nil
+}
+
+// produceRetrying produces batch and produces again, after a second, the records
+// the client failed, until every record is acknowledged or ctx ends. After a slow
+// broker restart the client can fail records with "unable to initialize a producer
+// ID" although the broker is back a moment later; the run must not end for that.
+// A record produced again may land twice or after later ones: the checks judge the
+// outputs by what the input topic holds (a replay of it), so that is more input,
+// not a wrong verdict.
+func produceRetrying(ctx context.Context, cl *kgo.Client, batch []*kgo.Record) error {
+	for {
+		var mu sync.Mutex
+		var failed []*kgo.Record
+		var last error
+		var wg sync.WaitGroup
+		wg.Add(len(batch))
+		for _, r := range batch {
+			cl.Produce(ctx, r, func(r *kgo.Record, err error) {
+				defer wg.Done()
+				if err != nil {
+					mu.Lock()
+					failed, last = append(failed, r), err
+					mu.Unlock()
+				}
+			})
+		}
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return fmt.Errorf("produce: %d records unacknowledged: %w", len(batch), context.Cause(ctx))
+		}
+		if len(failed) == 0 {
+			return nil
+		}
+		select {
+		case <-time.After(time.Second):
+		case <-ctx.Done():
+			return fmt.Errorf("produce: %d records failed, the last with %v: %w", len(failed), last, context.Cause(ctx))
+		}
+		batch = failed // each keeps its partition (the manual partitioner)
+	}
 }
