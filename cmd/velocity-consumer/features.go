@@ -45,8 +45,13 @@ func loadFeatures(path, writerSchema string, limits codec.Limits) (*featureSet, 
 		}
 		fs.writerSchema = string(b)
 	}
-	if _, err := fs.decoder(fs.writerSchema); err != nil {
-		return nil, fmt.Errorf("--features %s: %w", path, err)
+	// A named schema is compiled now, so that a path it lacks stops the command
+	// here. With none, the schema is the registry's per record, or ours: the caller
+	// compiles ours when it reads without a registry.
+	if fs.writerSchema != "" {
+		if _, err := fs.decoder(fs.writerSchema); err != nil {
+			return nil, fmt.Errorf("--features %s: %w", path, err)
+		}
 	}
 	if fs.spec, err = definition.EngineSpec(def); err != nil {
 		return nil, fmt.Errorf("--features %s: %w", path, err)

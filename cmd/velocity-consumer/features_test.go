@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/velocity-consumer/velocity-consumer/internal/streamtest"
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 )
 
 const (
@@ -166,5 +167,72 @@ func TestFeatureDefinitionReplayEqualsReference(t *testing.T) {
 	}
 	if estimates == 0 || exact == 0 {
 		t.Errorf("%d exact distinct counts and %d estimates: the stream must exercise both", exact, estimates)
+	}
+}
+
+// TestFeaturesWithWriterSchemaFlag: a definition without input.schema reads the
+// schema --writer-schema names (not our Transaction), and the decoder it gives
+// reads a record of that schema into the mapped transaction.
+func TestFeaturesWithWriterSchemaFlag(t *testing.T) {
+	dir := t.TempDir()
+	def, err := os.ReadFile(cardDefinitionFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noSchema := strings.Replace(string(def), "  schema: ../../../examples/features/card_transaction.avsc\n", "", 1)
+	if noSchema == string(def) {
+		t.Fatal("the test definition no longer names its schema as expected")
+	}
+	path := filepath.Join(dir, "def.yaml")
+	if err := os.WriteFile(path, []byte(noSchema), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var p pipelineFlags
+	e := newEnvFlags("replay", "")
+	p.register(e)
+	if err := e.Parse([]string{"--features", path, "--writer-schema", cardSchemaFile}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := p.settings()
+	if err != nil {
+		t.Fatalf("settings: %v", err)
+	}
+	dec, err := st.decoder(st.writerSchema)
+	if err != nil {
+		t.Fatalf("decoder: %v", err)
+	}
+	schema, _ := os.ReadFile(cardSchemaFile)
+	recs := streamtest.CardStream(streamtest.CardStreamConfig{Seed: 3, N: 50, Cards: 5, Merchants: 5, HotDistinct: 5, Lateness: time.Second})
+	vals, err := streamtest.EncodeCards(string(schema), recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	decoded := 0
+	for i, v := range vals {
+		var tx codec.Transaction
+		if rej := dec.Decode(v, 0, false, &tx); rej == nil {
+			decoded++
+			if want := recs[i]["card"].(map[string]any)["id"]; tx.EntityID != want {
+				t.Fatalf("record %d: entity %q, want %q", i, tx.EntityID, want)
+			}
+		}
+	}
+	if decoded < 30 {
+		t.Fatalf("decoded %d of %d records", decoded, len(vals))
+	}
+	// Without the flag the same definition falls back to our Transaction schema,
+	// which has no card.id: refused at start by whoever compiles it.
+	var q pipelineFlags
+	e = newEnvFlags("replay", "")
+	q.register(e)
+	if err := e.Parse([]string{"--features", path}); err != nil {
+		t.Fatal(err)
+	}
+	st, err = q.settings()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.decoder(st.writerSchema); err == nil || !strings.Contains(err.Error(), "io.velocity.v1.Transaction has no field") {
+		t.Fatalf("decoder over our Transaction schema: %v, want an error naming the missing field", err)
 	}
 }

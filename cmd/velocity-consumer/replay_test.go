@@ -48,6 +48,7 @@ func TestReplayFlagErrors(t *testing.T) {
 		{"shared semantics flags are validated", []string{"--input-file", replayExample, "--output", filepath.Join(dir, "a.jsonl"), "--windows", "5m:7s"}, "--windows"},
 		{"no definition file", []string{"--input-file", replayExample, "--output", filepath.Join(dir, "a.jsonl"), "--features", filepath.Join(dir, "none.yaml")}, "--features (VELOCITY_FEATURES)"},
 		{"a definition and --windows", []string{"--input-file", replayExample, "--output", filepath.Join(dir, "a.jsonl"), "--features", cardDefinitionFile, "--windows", "5m:5s"}, "--windows and --features exclude each other"},
+		{"a definition with another --writer-schema", []string{"--input-file", replayExample, "--output", filepath.Join(dir, "a.jsonl"), "--features", cardDefinitionFile, "--writer-schema", "../../schemas/transaction.avsc"}, "--writer-schema names another"},
 		{"a path the schema lacks", []string{"--input-file", replayExample, "--output", filepath.Join(dir, "a.jsonl"), "--features", "testdata/card_features_bad_path.yaml"}, "card_features_bad_path.yaml:5"},
 	}
 	for _, tt := range tests {

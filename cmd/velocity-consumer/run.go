@@ -138,8 +138,11 @@ func (r *runFlags) serviceConfig() (service.Config, error) {
 	r.features = st.features
 	if st.features != nil {
 		c.Features, c.Definition = st.features.spec, st.features.version
-		if c.Decoder, err = st.decoder(st.writerSchema); err != nil {
-			return c, err
+		// With a registry each record names its schema (useRegistry compiles them).
+		if r.conn.registryURL == "" {
+			if c.Decoder, err = st.decoder(st.writerSchema); err != nil {
+				return c, fmt.Errorf("--features: %w", err)
+			}
 		}
 	}
 	c.CheckpointInterval = r.interval
