@@ -368,8 +368,22 @@ func TestFeatureDefinitionWithRegistry(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, dlq := kafkatest.CreateTopic(t, addr, 1, nil), kafkatest.CreateTopic(t, addr, 1, nil)
+	// The definition without its input.schema: with a registry, the schema of
+	// each record is the registry's, and none is needed at start.
+	text, err := os.ReadFile(cardDefinitionPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noSchema := strings.Replace(string(text), "  schema: ../../../examples/features/card_transaction.avsc\n", "", 1)
+	if noSchema == string(text) {
+		t.Fatal("the test definition no longer names its schema as expected")
+	}
+	defPath := filepath.Join(t.TempDir(), "card_features.yaml")
+	if err := os.WriteFile(defPath, []byte(noSchema), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	args := []string{"replay", "--brokers", addr, "--input-topic", in, "--output", "topic:" + out, "--dlq", "topic:" + dlq,
-		"--schema-registry", reg.URL(), "--features", cardDefinitionPath, "--allowed-lateness", "0s", "--quiet", "--log-level", "warn"}
+		"--schema-registry", reg.URL(), "--features", defPath, "--allowed-lateness", "0s", "--quiet", "--log-level", "warn"}
 	if o, err := exec.CommandContext(ctx, bin, args...).CombinedOutput(); err != nil {
 		t.Fatalf("replay: %v\n%s", err, o)
 	}
