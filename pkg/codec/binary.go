@@ -92,7 +92,8 @@ func readBytes(b []byte, i int) ([]byte, int, decodeErr) {
 	return b[j : j+int(n)], j + int(n), errNone
 }
 
-func appendLong(dst []byte, v int64) []byte {
+// AppendLong appends v as an Avro long (zig-zag varint).
+func AppendLong(dst []byte, v int64) []byte {
 	u := uint64(v<<1) ^ uint64(v>>63)
 	for u >= 0x80 {
 		dst = append(dst, byte(u)|0x80)
@@ -101,8 +102,9 @@ func appendLong(dst []byte, v int64) []byte {
 	return append(dst, byte(u))
 }
 
-func appendString(dst []byte, s string) []byte {
-	dst = appendLong(dst, int64(len(s)))
+// AppendString appends s as an Avro string (its length, then its bytes).
+func AppendString(dst []byte, s string) []byte {
+	dst = AppendLong(dst, int64(len(s)))
 	return append(dst, s...)
 }
 

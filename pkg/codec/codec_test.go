@@ -135,7 +135,7 @@ func TestDefaultLimits(t *testing.T) {
 }
 
 // varint appends v as an Avro long, for building hand-made bad records.
-func varint(v int64) []byte { return appendLong(nil, v) }
+func varint(v int64) []byte { return AppendLong(nil, v) }
 
 func cat(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
 

@@ -65,9 +65,9 @@ func EncodeTransaction(tx *Transaction) []byte {
 
 // AppendTransaction appends tx in our Transaction schema to dst.
 func AppendTransaction(dst []byte, tx *Transaction) []byte {
-	dst = appendString(dst, tx.EventID)
-	dst = appendString(dst, tx.EntityID)
-	dst = appendLong(dst, tx.AmountMinor)
-	dst = appendString(dst, tx.Currency)
-	return appendLong(dst, tx.EventTime)
+	dst = AppendString(dst, tx.EventID)
+	dst = AppendString(dst, tx.EntityID)
+	dst = AppendLong(dst, tx.AmountMinor)
+	dst = AppendString(dst, tx.Currency)
+	return AppendLong(dst, tx.EventTime)
 }

@@ -38,26 +38,26 @@ type Features struct {
 // windows are one block, and there is nothing map-ordered in between. It does
 // not allocate when dst has enough capacity.
 func AppendFeatures(dst []byte, f *Features) []byte {
-	dst = appendString(dst, f.EventID)
-	dst = appendString(dst, f.EntityID)
-	dst = appendLong(dst, f.EventTime)
+	dst = AppendString(dst, f.EventID)
+	dst = AppendString(dst, f.EntityID)
+	dst = AppendLong(dst, f.EventTime)
 	if n := len(f.Windows); n > 0 {
-		dst = appendLong(dst, int64(n))
+		dst = AppendLong(dst, int64(n))
 		for i := range f.Windows {
 			w := &f.Windows[i]
-			dst = appendString(dst, w.Name)
-			dst = appendLong(dst, w.WindowMs)
-			dst = appendLong(dst, w.BucketMs)
-			dst = appendLong(dst, w.Count)
-			dst = appendLong(dst, w.SumMinor)
-			dst = appendLong(dst, w.MinMinor)
-			dst = appendLong(dst, w.MaxMinor)
+			dst = AppendString(dst, w.Name)
+			dst = AppendLong(dst, w.WindowMs)
+			dst = AppendLong(dst, w.BucketMs)
+			dst = AppendLong(dst, w.Count)
+			dst = AppendLong(dst, w.SumMinor)
+			dst = AppendLong(dst, w.MinMinor)
+			dst = AppendLong(dst, w.MaxMinor)
 		}
 	}
 	dst = append(dst, 0) // end of the array
 	if f.HasPrevious {
 		dst = append(dst, 2) // union branch 1: long
-		dst = appendLong(dst, f.MsSincePrevious)
+		dst = AppendLong(dst, f.MsSincePrevious)
 	} else {
 		dst = append(dst, 0) // union branch 0: null
 	}
@@ -66,10 +66,10 @@ func AppendFeatures(dst []byte, f *Features) []byte {
 	} else {
 		dst = append(dst, 0)
 	}
-	dst = appendString(dst, f.SourceTopic)
+	dst = AppendString(dst, f.SourceTopic)
 	// An Avro int is the same zig-zag varint as a long with a 32-bit range.
-	dst = appendLong(dst, int64(f.SourcePartition))
-	return appendLong(dst, f.SourceOffset)
+	dst = AppendLong(dst, int64(f.SourcePartition))
+	return AppendLong(dst, f.SourceOffset)
 }
 
 // ErrBadFeatures wraps every DecodeFeatures failure, so callers can tell a

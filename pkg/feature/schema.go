@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"strings"
+
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 )
 
 // Head is the non-feature part of an output record: the event's identity, its
@@ -103,9 +105,9 @@ func columnDoc(spec *Spec, f *Feature, c Column) string {
 // to dst: head and row in field order. It does not allocate when dst has room. row
 // must fit spec (NewRow).
 func AppendRow(dst []byte, spec *Spec, head *Head, row *Row) []byte {
-	dst = appendString(dst, head.EventID)
-	dst = appendString(dst, head.EntityID)
-	dst = appendLong(dst, head.EventTime)
+	dst = codec.AppendString(dst, head.EventID)
+	dst = codec.AppendString(dst, head.EntityID)
+	dst = codec.AppendLong(dst, head.EventTime)
 	c := 0
 	for fi := range spec.Features {
 		f := &spec.Features[fi]
@@ -113,12 +115,12 @@ func AppendRow(dst []byte, spec *Spec, head *Head, row *Row) []byte {
 		for range f.Windows {
 			switch {
 			case !nullable:
-				dst = appendLong(dst, row.Values[c])
+				dst = codec.AppendLong(dst, row.Values[c])
 			case row.Null[c]:
 				dst = append(dst, 0) // union branch 0: null
 			default:
 				dst = append(dst, 2) // union branch 1: long
-				dst = appendLong(dst, row.Values[c])
+				dst = codec.AppendLong(dst, row.Values[c])
 			}
 			c++
 		}
@@ -128,28 +130,14 @@ func AppendRow(dst []byte, spec *Spec, head *Head, row *Row) []byte {
 	}
 	if head.HasPrevious {
 		dst = append(dst, 2)
-		dst = appendLong(dst, head.MsSincePrevious)
+		dst = codec.AppendLong(dst, head.MsSincePrevious)
 	} else {
 		dst = append(dst, 0)
 	}
 	dst = appendBool(dst, head.Late)
-	dst = appendString(dst, head.SourceTopic)
-	dst = appendLong(dst, int64(head.SourcePartition))
-	return appendLong(dst, head.SourceOffset)
-}
-
-func appendLong(dst []byte, v int64) []byte {
-	u := uint64(v<<1) ^ uint64(v>>63)
-	for u >= 0x80 {
-		dst = append(dst, byte(u)|0x80)
-		u >>= 7
-	}
-	return append(dst, byte(u))
-}
-
-func appendString(dst []byte, s string) []byte {
-	dst = appendLong(dst, int64(len(s)))
-	return append(dst, s...)
+	dst = codec.AppendString(dst, head.SourceTopic)
+	dst = codec.AppendLong(dst, int64(head.SourcePartition))
+	return codec.AppendLong(dst, head.SourceOffset)
 }
 
 func appendBool(dst []byte, b bool) []byte {
