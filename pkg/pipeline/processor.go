@@ -446,11 +446,22 @@ func (p *Processor) emitReleased(emit func(*Output)) {
 }
 
 // apply counts ev and emits its features. On error nothing was counted or emitted.
+// Under a feature definition the record is the flat one of feature.AvroSchema, and
+// Output.Windows are its unfiltered windows (the live view and the metrics read
+// them as they read the default contract's).
 func (p *Processor) apply(ev *watermark.Event, late bool, emit func(*Output)) error {
+	var (
+		gap     int64
+		hasPrev bool
+		err     error
+	)
+	aggs := p.aggs
 	if p.fstate != nil {
-		return p.applyFeatures(ev, late, emit)
+		gap, hasPrev, err = p.fstate.Apply(ev.EntityID, ev.EventTime, ev.Amount, ev.Ext, p.row)
+		aggs = p.row.Base
+	} else {
+		gap, hasPrev, err = p.table.Apply(ev.EntityID, ev.EventTime, ev.Amount, p.aggs)
 	}
-	gap, hasPrev, err := p.table.Apply(ev.EntityID, ev.EventTime, ev.Amount, p.aggs)
 	if err != nil {
 		return err
 	}
@@ -458,16 +469,24 @@ func (p *Processor) apply(ev *watermark.Event, late bool, emit func(*Output)) er
 		p.newest, p.hasNewest = ev.EventTime, true
 	}
 	f := &p.feat
-	f.EventID, f.EntityID, f.EventTime = ev.EventID, ev.EntityID, ev.EventTime
-	for i := range p.aggs {
-		a := &p.aggs[i]
+	for i := range f.Windows {
+		a := &aggs[i]
 		w := &f.Windows[i]
 		w.Count, w.SumMinor, w.MinMinor, w.MaxMinor = a.Count, a.Sum, a.Min, a.Max
 	}
-	f.MsSincePrevious, f.HasPrevious = gap, hasPrev
-	f.Late = late
-	f.SourceOffset = ev.Offset
-	p.buf = codec.AppendFeatures(p.buf[:0], f)
+	if p.fstate != nil {
+		h := &p.head
+		h.EventID, h.EntityID, h.EventTime = ev.EventID, ev.EntityID, ev.EventTime
+		h.MsSincePrevious, h.HasPrevious, h.Late = gap, hasPrev, late
+		h.SourceOffset = ev.Offset
+		p.buf = feature.AppendRow(p.buf[:0], p.fstate.Spec(), h, p.row)
+	} else {
+		f.EventID, f.EntityID, f.EventTime = ev.EventID, ev.EntityID, ev.EventTime
+		f.MsSincePrevious, f.HasPrevious = gap, hasPrev
+		f.Late = late
+		f.SourceOffset = ev.Offset
+		p.buf = codec.AppendFeatures(p.buf[:0], f)
+	}
 
 	// The key gets a buffer of its own: p.out.Key may still point at a dead
 	// letter's source record, whose backing array belongs to the fetch.
@@ -485,43 +504,6 @@ func (p *Processor) apply(ev *watermark.Event, late bool, emit func(*Output)) er
 	}
 	p.stats.Features++
 	emit(o)
-	return nil
-}
-
-// applyFeatures is apply under a feature definition: the flat record of
-// feature.AvroSchema. Output.Windows are the unfiltered windows (the live view
-// and the metrics read them as they read the default contract's).
-func (p *Processor) applyFeatures(ev *watermark.Event, late bool, emit func(*Output)) error {
-	gap, hasPrev, err := p.fstate.Apply(ev.EntityID, ev.EventTime, ev.Amount, ev.Ext, p.row)
-	if err != nil {
-		return err
-	}
-	if !p.hasNewest || ev.EventTime > p.newest {
-		p.newest, p.hasNewest = ev.EventTime, true
-	}
-	h := &p.head
-	h.EventID, h.EntityID, h.EventTime = ev.EventID, ev.EntityID, ev.EventTime
-	h.MsSincePrevious, h.HasPrevious, h.Late = gap, hasPrev, late
-	h.SourceOffset = ev.Offset
-	p.buf = feature.AppendRow(p.buf[:0], p.fstate.Spec(), h, p.row)
-	ws := p.feat.Windows
-	for i := range ws {
-		a := &p.row.Base[i]
-		ws[i].Count, ws[i].SumMinor, ws[i].MinMinor, ws[i].MaxMinor = a.Count, a.Sum, a.Min, a.Max
-	}
-	p.keyBuf = append(p.keyBuf[:0], ev.EntityID...)
-	p.out = Output{
-		Key:             p.keyBuf,
-		Value:           p.buf,
-		SourceTopic:     p.cfg.Topic,
-		SourcePartition: p.cfg.Partition,
-		SourceOffset:    ev.Offset,
-		Arrival:         ev.Aux,
-		EntityID:        ev.EntityID,
-		Windows:         ws,
-	}
-	p.stats.Features++
-	emit(&p.out)
 	return nil
 }
 
