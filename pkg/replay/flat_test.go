@@ -15,7 +15,6 @@ import (
 	"testing"
 
 	"github.com/linkedin/goavro/v2"
-	"github.com/parquet-go/parquet-go"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/pipeline"
 )
@@ -174,16 +173,7 @@ func TestFlatParquetSink(t *testing.T) {
 	}
 	writeFlat(t, s, values)
 
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	st, _ := f.Stat()
-	pf, err := parquet.OpenFile(f, st.Size())
-	if err != nil {
-		t.Fatal(err)
-	}
+	pf := openParquetFile(t, path)
 	if v, _ := pf.Lookup("velocity.definition"); v != "v7 3f2a" {
 		t.Errorf("velocity.definition metadata %q", v)
 	}

@@ -72,16 +72,7 @@ func flatRow(f jsonFeatures) map[string]any {
 // JSON-lines output of the same replay.
 func TestParquetSinkReadBack(t *testing.T) {
 	path, want := examplesParquet(t)
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	st, _ := f.Stat()
-	pf, err := parquet.OpenFile(f, st.Size())
-	if err != nil {
-		t.Fatal(err)
-	}
+	pf := openParquetFile(t, path)
 	var cols []string
 	for _, c := range pf.Schema().Columns() {
 		cols = append(cols, c[0])
@@ -114,6 +105,25 @@ func TestParquetSinkReadBack(t *testing.T) {
 			t.Errorf("row %d:\n got %v\nwant %v", i, got[i], w)
 		}
 	}
+}
+
+// openParquetFile opens a Parquet file for reading until the test ends.
+func openParquetFile(t *testing.T, path string) *parquet.File {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	st, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pf, err := parquet.OpenFile(f, st.Size())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pf
 }
 
 // readParquetMaps reads every row of pf as a map from column name (cols, in
