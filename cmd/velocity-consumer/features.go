@@ -16,49 +16,46 @@ import (
 // definition's own schema file (or --writer-schema) is compiled at start, so a
 // path the schema lacks stops the command before it reads a record.
 type featureSet struct {
-	def     *definition.Definition
 	spec    *feature.Spec
 	schema  string // the output record's Avro schema (feature.AvroSchema)
 	version string // the velocity.definition header: "<label>@<hash>" or "@<hash>"
-	// writerSchema is the schema the input is read with when no registry names
-	// one per record: --writer-schema, else the definition's input.schema, else
-	// our Transaction schema.
-	writerSchema string
-	compile      func(writerSchema string) (codec.Decoder, error)
+	compile func(writerSchema string) (codec.Decoder, error)
 }
 
 // loadFeatures reads and checks --features. writerSchema is --writer-schema's
-// text ("" when not given).
-func loadFeatures(path, writerSchema string, limits codec.Limits) (*featureSet, error) {
+// text ("" when not given); it returns the schema the input is read with when no
+// registry names one per record: that one, else the definition's input.schema,
+// else "" (ours).
+func loadFeatures(path, writerSchema string, limits codec.Limits) (*featureSet, string, error) {
 	def, err := definition.LoadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("--features (VELOCITY_FEATURES): %w", err)
+		return nil, "", fmt.Errorf("--features (VELOCITY_FEATURES): %w", err)
 	}
-	fs := &featureSet{def: def, writerSchema: writerSchema, compile: definition.Compiler(def, limits)}
+	fs := &featureSet{compile: definition.Compiler(def, limits)}
 	if file := def.SchemaFile(); file != "" {
 		b, err := os.ReadFile(file)
 		if err != nil {
-			return nil, fmt.Errorf("--features %s: input.schema: %w", path, err)
+			return nil, "", fmt.Errorf("--features %s: input.schema: %w", path, err)
 		}
 		if writerSchema != "" && writerSchema != string(b) {
-			return nil, fmt.Errorf("--features %s names the input schema %s and --writer-schema names another: give one", path, file)
+			return nil, "", fmt.Errorf("--features %s names the input schema %s and --writer-schema names another: give one", path, file)
 		}
-		fs.writerSchema = string(b)
+		writerSchema = string(b)
 	}
 	// A named schema is compiled now, so that a path it lacks stops the command
 	// here. With none, the schema is the registry's per record, or ours: the caller
 	// compiles ours when it reads without a registry.
-	if fs.writerSchema != "" {
-		if _, err := fs.decoder(fs.writerSchema); err != nil {
-			return nil, fmt.Errorf("--features %s: %w", path, err)
+	if writerSchema != "" {
+		if _, err := fs.decoder(writerSchema); err != nil {
+			return nil, "", fmt.Errorf("--features %s: %w", path, err)
 		}
 	}
 	if fs.spec, err = definition.EngineSpec(def); err != nil {
-		return nil, fmt.Errorf("--features %s: %w", path, err)
+		return nil, "", fmt.Errorf("--features %s: %w", path, err)
 	}
 	fs.schema = feature.AvroSchema(fs.spec)
 	fs.version = def.Version + "@" + def.Hash()
-	return fs, nil
+	return fs, writerSchema, nil
 }
 
 // engineSpec is the features the pipeline computes: nil without --features.

@@ -263,8 +263,10 @@ func (p *pipelineFlags) settings() (settings, error) {
 		}
 		s.writerSchema = string(b)
 		// Under --features the definition's mapping reads it (checked there).
-		if _, err := codec.NewDecoder(s.writerSchema, codec.DefaultLimits()); err != nil && p.features == "" {
-			return s, fmt.Errorf("--writer-schema %s: %w", p.writerSchema, err)
+		if p.features == "" {
+			if _, err := codec.NewDecoder(s.writerSchema, codec.DefaultLimits()); err != nil {
+				return s, fmt.Errorf("--writer-schema %s: %w", p.writerSchema, err)
+			}
 		}
 	}
 	s.window = window.Options{MaxEntities: p.maxEntities, HistoryTTLMs: p.entityTTL.Milliseconds()}
@@ -279,11 +281,10 @@ func (p *pipelineFlags) settings() (settings, error) {
 		if p.windows != window.DefaultSpecs {
 			return s, errFeaturesWindows
 		}
-		if s.features, err = loadFeatures(p.features, s.writerSchema, s.limits); err != nil {
+		if s.features, s.writerSchema, err = loadFeatures(p.features, s.writerSchema, s.limits); err != nil {
 			return s, err
 		}
 		s.specs = s.features.spec.Windows
-		s.writerSchema = s.features.writerSchema
 		if err := checkEntityTTL(p.entityTTL, s.specs); err != nil {
 			return s, err
 		}
