@@ -40,6 +40,23 @@ type Transaction struct {
 	// A decoder reuses its backing array (tx.Ext = append(tx.Ext[:0], ...)), so the
 	// reorder buffer and snapshots carry these words, never the record.
 	Ext []uint64
+
+	// Groups carries, under a definition with re-keyed groups (docs/repartition.md),
+	// one entry per group after the first, in the definition's order: that group's
+	// key and its Ext words, laid out for the group's own features as Ext is for the
+	// first group's. nil without such groups. The decoder reuses the slice and the
+	// entries' arrays, so they are valid until its next Decode.
+	Groups []GroupValues
+}
+
+// GroupValues is what one re-keyed group needs from a record.
+type GroupValues struct {
+	// Key is the group's key; "" when the record has none for the group (a null,
+	// absent or empty field): the record then counts for the other groups only.
+	Key string
+	// Ext are the group's filter bits and distinct-value hashes (layout of
+	// Transaction.Ext).
+	Ext []uint64
 }
 
 // Reason is the machine-readable cause of a dead letter, the value of the
