@@ -1,8 +1,8 @@
-package api
+package repartition
 
-// Partitioning: which input partition holds an entity.
+// Partitioning: which partition of a topic holds a key.
 //
-// Producers key transactions by entity id (DESIGN: key = entity id as UTF-8 bytes) and
+// Producers key transactions by entity id (the contract: key = entity id as UTF-8 bytes) and
 // Kafka's default partitioner places a keyed record on
 //
 //	partition = (murmur2(key) & 0x7fffffff) mod partitions
@@ -10,7 +10,9 @@ package api
 // (Java's BuiltInPartitioner.partitionForKey / Utils.toPositive(Utils.murmur2(key));
 // franz-go's StickyKeyPartitioner with its default hasher, librdkafka's
 // murmur2_random). The API finds an entity's partition the same way, so the owner it
-// asks is the one whose state holds the entity. A producer that partitions
+// asks is the one whose state holds the entity, and a first stage places each hop
+// record on the repartition partition of its group's key the same way, so that a
+// re-keyed group's key lives in one second stage, found by the same rule. A producer that partitions
 // otherwise (another hash, a custom partitioner) makes the API look in the wrong
 // partition: the service counts such records as key mismatches only when the key is
 // not the entity id, so this rule is documented in docs/api.md.
@@ -50,8 +52,8 @@ func murmur2(data []byte) int32 {
 	return int32(h)
 }
 
-// PartitionOf is the partition Kafka's default partitioner gives a record keyed by
-// entity on a topic of n partitions (n > 0).
-func PartitionOf(entity string, n int32) int32 {
-	return (murmur2([]byte(entity)) & 0x7fffffff) % n
+// PartitionFor is the partition Kafka's default partitioner gives a record keyed by
+// key on a topic of n partitions (n > 0).
+func PartitionFor(key string, n int32) int32 {
+	return (murmur2([]byte(key)) & 0x7fffffff) % n
 }

@@ -1,4 +1,4 @@
-package api
+package repartition
 
 import (
 	"fmt"
@@ -23,15 +23,15 @@ func TestMurmur2KafkaVectors(t *testing.T) {
 	}
 }
 
-// TestPartitionOfMatchesFranzGo: the producer library the service's tests use places
-// keyed records where PartitionOf says.
-func TestPartitionOfMatchesFranzGo(t *testing.T) {
+// TestPartitionForMatchesFranzGo: the producer library the service's tests use places
+// keyed records where PartitionFor says.
+func TestPartitionForMatchesFranzGo(t *testing.T) {
 	part := kgo.StickyKeyPartitioner(nil).ForTopic("tx")
 	for _, n := range []int{1, 3, 7, 12, 64} {
 		for i := range 2000 {
 			key := fmt.Sprintf("card-%d-é", i)
 			want := part.Partition(&kgo.Record{Key: []byte(key)}, n)
-			if got := PartitionOf(key, int32(n)); int(got) != want {
+			if got := PartitionFor(key, int32(n)); int(got) != want {
 				t.Fatalf("%q over %d partitions: %d, franz-go %d", key, n, got, want)
 			}
 		}
