@@ -79,6 +79,16 @@ type Spec struct {
 	Distincts int // distinct slots in use, 0 … MaxDistincts
 }
 
+// Words is how many codec.Transaction.Ext words a record carries for s: none
+// without filters and distinct counts, else the filter/presence word and one hash
+// per distinct slot.
+func (s *Spec) Words() int {
+	if s.Filters == 0 && s.Distincts == 0 {
+		return 0
+	}
+	return 1 + s.Distincts
+}
+
 // Fixed output fields around the features (see AvroSchema).
 var headNames = []string{"event_id", "entity_id", "event_time"}
 var tailNames = []string{"ms_since_previous", "late", "source_topic", "source_partition", "source_offset"}

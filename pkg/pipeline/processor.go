@@ -23,6 +23,7 @@ import (
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/feature"
+	"github.com/velocity-consumer/velocity-consumer/pkg/repartition"
 	"github.com/velocity-consumer/velocity-consumer/pkg/watermark"
 	"github.com/velocity-consumer/velocity-consumer/pkg/window"
 )
@@ -80,6 +81,15 @@ type Config struct {
 	// must be Features.Windows, Decoder must fill codec.Transaction.Ext, and
 	// each features record is the flat record of feature.AvroSchema(Features).
 	Features *feature.Spec
+
+	// Hops makes the processor the first stage of a definition's re-keyed groups
+	// (hop.go; optional, with Features): the Decoder fills
+	// codec.Transaction.Groups in Hops.Groups' order.
+	Hops *HopConfig
+	// Merge makes the processor the second stage of one re-keyed group (hop.go):
+	// its records are hop records, Features is the group's, and Decoder and
+	// Watermark are not used.
+	Merge *MergeConfig
 }
 
 // Output is one record the processor wants published: a features record for the
@@ -103,6 +113,16 @@ type Output struct {
 	// and metrics; valid only during the callback.
 	EntityID string
 	Windows  []codec.WindowAgg
+
+	// Hop marks a first stage's hop record (hop.go): Value is the record for
+	// partition Partition of Topic, Key the group's key (nil for a marker, whose
+	// SourceOffset is -1).
+	Hop       bool
+	Topic     string
+	Partition int32
+	// Group names the re-keyed group of a hop record, and of a dead letter a
+	// second stage decided (the velocity.group header); "" otherwise.
+	Group string
 }
 
 // Record is one input record.
@@ -157,6 +177,9 @@ type Processor struct {
 	head     feature.Head
 	extArena []uint64
 
+	hop   *hopState   // Config.Hops
+	merge *mergeState // Config.Merge
+
 	tx       codec.Transaction
 	aggs     []window.Agg
 	feat     codec.Features
@@ -168,10 +191,7 @@ type Processor struct {
 
 // New builds a Processor with empty state that will start at offset next.
 func New(cfg Config, next int64) (*Processor, error) {
-	if cfg.Decoder == nil {
-		return nil, errors.New("pipeline: Config.Decoder is required")
-	}
-	if err := checkFeatures(&cfg); err != nil {
+	if err := checkConfig(&cfg); err != nil {
 		return nil, err
 	}
 	if len(cfg.Specs) == 0 {
@@ -190,8 +210,46 @@ func New(cfg Config, next int64) (*Processor, error) {
 	} else if p.table, err = window.NewTable(cfg.Specs, cfg.Window); err != nil {
 		return nil, fmt.Errorf("pipeline: %w", err)
 	}
-	p.init()
+	if cfg.Merge != nil {
+		m, err := repartition.New(repartition.Config{Sources: cfg.Merge.Sources, ExtWords: cfg.Features.Words()})
+		if err != nil {
+			return nil, fmt.Errorf("pipeline: %w", err)
+		}
+		p.merge = &mergeState{cfg: *cfg.Merge, m: m}
+	}
+	if err := p.init(); err != nil {
+		return nil, err
+	}
 	return p, nil
+}
+
+// checkConfig holds the fields that go together to go together.
+func checkConfig(cfg *Config) error {
+	if cfg.Merge != nil {
+		if cfg.Features == nil {
+			return errors.New("pipeline: Config.Merge needs the group's Features")
+		}
+		if cfg.Hops != nil {
+			return errors.New("pipeline: a second stage (Merge) feeds no further groups (Hops)")
+		}
+		if cfg.Late == LateApply {
+			return errors.New("pipeline: --late=apply does not apply to a re-keyed group's second stage")
+		}
+		// The first stages decided dedupe and lateness; nothing waits here but in
+		// the Merger, and no clock is read.
+		cfg.Watermark = watermark.Config{DisableDedupe: true}
+	} else if cfg.Decoder == nil {
+		return errors.New("pipeline: Config.Decoder is required")
+	}
+	if cfg.Hops != nil {
+		if cfg.Features == nil {
+			return errors.New("pipeline: Config.Hops needs a feature definition (Features)")
+		}
+		if cfg.Late == LateApply {
+			return errors.New("pipeline: --late=apply cannot be used with re-keyed groups: a late event counted at its input partition would reach their second stages below the frontier they released")
+		}
+	}
+	return checkFeatures(cfg)
 }
 
 // checkFeatures holds a definition's windows and the table's to be the same.
@@ -209,7 +267,14 @@ func checkFeatures(cfg *Config) error {
 	return nil
 }
 
-func (p *Processor) init() {
+func (p *Processor) init() error {
+	if p.cfg.Hops != nil {
+		h, err := newHopState(*p.cfg.Hops)
+		if err != nil {
+			return err
+		}
+		p.hop = h
+	}
 	if p.cfg.Late == LateApply {
 		for _, s := range p.cfg.Specs {
 			p.lateHorizon = max(p.lateHorizon, s.WindowMs)
@@ -227,6 +292,7 @@ func (p *Processor) init() {
 		p.row = feature.NewRow(p.fstate.Spec())
 		p.head.SourceTopic, p.head.SourcePartition = p.cfg.Topic, p.cfg.Partition
 	}
+	return nil
 }
 
 // extChunk is how many words keepExt allocates at a time.
@@ -304,6 +370,13 @@ func (p *Processor) Process(r Record, emit func(*Output)) {
 		p.dead(&r, codec.ReasonDecode, detail, emit)
 		return
 	}
+	if p.merge != nil {
+		p.processHop(&r, emit)
+		return
+	}
+	if p.hop != nil {
+		p.hop.idleSent = false // any record ends a quiet spell, as any Offer does
+	}
 	maxSeen, hasMax := p.stage.MaxSeen()
 	if rej := p.cfg.Decoder.Decode(r.Value, maxSeen, hasMax, &p.tx); rej != nil {
 		p.dead(&r, rej.Reason, rej.Detail, emit)
@@ -352,6 +425,9 @@ func (p *Processor) Process(r Record, emit func(*Output)) {
 		p.dead(&r, codec.ReasonLate, fmt.Sprintf("event_time %d is %d ms behind the watermark %d", ev.EventTime, wm-ev.EventTime, wm), emit)
 		return
 	}
+	if p.hop != nil {
+		p.hopEvent(&ev, emit)
+	}
 	p.released = p.stage.Ready(p.released[:0])
 	p.emitReleased(emit)
 	if p.cfg.Watermark.AllowedLateness > 0 {
@@ -383,6 +459,9 @@ const HintDistance = 6
 // at HintDistance, the entity's record. With lateness the reorder buffer gives the
 // window hints instead. It never changes anything.
 func (p *Processor) Hint(key, value []byte, distance int) {
+	if p.merge != nil {
+		return // hop records: the Merger decides which entity comes when
+	}
 	far := distance > HintDistance
 	// PeekEventID reads our Transaction layout; a definition's schema has its own.
 	if far && p.fstate == nil {
@@ -495,8 +574,8 @@ func (p *Processor) apply(ev *watermark.Event, late bool, emit func(*Output)) er
 	*o = Output{
 		Key:             p.keyBuf,
 		Value:           p.buf,
-		SourceTopic:     p.cfg.Topic,
-		SourcePartition: p.cfg.Partition,
+		SourceTopic:     f.SourceTopic, // the input record's, also through a hop
+		SourcePartition: f.SourcePartition,
 		SourceOffset:    ev.Offset,
 		Arrival:         ev.Aux,
 		EntityID:        ev.EntityID,
@@ -560,9 +639,14 @@ func (p *Processor) maybeSweep() {
 // (feature.State.AppendExtras). Each magic is read only by a processor of the
 // same kind, so a partition never resumes a definition's state without it, or
 // the default contract's state under a definition.
+//
+// A re-keyed group's second stage (Config.Merge) writes "VCP3": the "VCP2"
+// sections (its watermark stage is empty) and a fourth, its Merger's snapshot
+// (repartition.Merger.AppendSnapshot, taken at the cut).
 var (
 	snapMagic         = [4]byte{'V', 'C', 'P', '1'}
 	snapMagicFeatures = [4]byte{'V', 'C', 'P', '2'}
+	snapMagicMerge    = [4]byte{'V', 'C', 'P', '3'}
 )
 
 // AppendSnapshot appends the processor's whole state, deterministically.
@@ -584,6 +668,7 @@ type PendingSnapshot struct {
 	stage      *watermark.PendingSnapshot
 	table      *window.PendingSnapshot
 	extras     *feature.PendingExtras // under a definition: its state beside the table, in steps like it
+	merger     []byte                 // a second stage's Merger, encoded at the cut
 	finished   bool
 }
 
@@ -604,6 +689,9 @@ func (p *Processor) beginSnapshot(buf []byte, segmented bool) *PendingSnapshot {
 	if p.fstate != nil {
 		magic = snapMagicFeatures
 	}
+	if p.merge != nil {
+		magic = snapMagicMerge
+	}
 	buf = append(buf, magic[:]...)
 	buf = binary.BigEndian.AppendUint64(buf, uint64(p.next))
 	buf = binary.BigEndian.AppendUint64(buf, uint64(p.lastSweep))
@@ -616,6 +704,11 @@ func (p *Processor) beginSnapshot(buf []byte, segmented bool) *PendingSnapshot {
 		// restore pairs them as they were; stepped like it, so a checkpoint does not
 		// stall the partition for the definition's state.
 		ps.extras = p.fstate.BeginExtras()
+	}
+	if p.merge != nil {
+		// Whole, at the cut: its pending events are what the slowest source holds
+		// back, far fewer than the table's entities.
+		ps.merger = p.merge.m.AppendSnapshot(nil)
 	}
 	return ps
 }
@@ -664,6 +757,10 @@ func (ps *PendingSnapshot) Finish() ([]byte, error) {
 		buf = ps.extras.AppendTo(buf)
 		binary.BigEndian.PutUint64(buf[extrasLenAt:], uint64(len(buf)-extrasLenAt-8))
 	}
+	if ps.merger != nil {
+		buf = binary.BigEndian.AppendUint64(buf, uint64(len(ps.merger)))
+		buf = append(buf, ps.merger...)
+	}
 	ps.buf = buf
 	return buf, nil
 }
@@ -703,16 +800,18 @@ func (p *Processor) SnapshotSaved(ps *PendingSnapshot) [][]byte {
 // Restore builds a Processor from a snapshot made by AppendSnapshot with the same
 // configuration. A snapshot that does not decode is an error, never half-loaded.
 func Restore(cfg Config, data []byte) (*Processor, error) {
-	if cfg.Decoder == nil {
-		return nil, errors.New("pipeline: Config.Decoder is required")
-	}
-	if err := checkFeatures(&cfg); err != nil {
+	if err := checkConfig(&cfg); err != nil {
 		return nil, err
 	}
 	if len(data) < 4+8+8 {
 		return nil, errors.New("pipeline snapshot: bad header")
 	}
 	switch magic := [4]byte(data[:4]); {
+	case magic == snapMagicMerge && cfg.Merge == nil:
+		return nil, errors.New("pipeline snapshot: made by a re-keyed group's second stage, and this processor is not one")
+	case magic != snapMagicMerge && cfg.Merge != nil:
+		return nil, errors.New("pipeline snapshot: not made by a re-keyed group's second stage, and this processor is one")
+	case magic == snapMagicMerge:
 	case magic == snapMagic && cfg.Features != nil:
 		return nil, errors.New("pipeline snapshot: made without a feature definition, and this processor has one (--features): its state cannot be resumed under a definition")
 	case magic == snapMagicFeatures && cfg.Features == nil:
@@ -737,6 +836,12 @@ func Restore(cfg Config, data []byte) (*Processor, error) {
 			return nil, fmt.Errorf("pipeline snapshot: feature section: %w", err)
 		}
 	}
+	var mergerBytes []byte
+	if cfg.Merge != nil {
+		if mergerBytes, rest, err = section(rest); err != nil {
+			return nil, fmt.Errorf("pipeline snapshot: merger section: %w", err)
+		}
+	}
 	if len(rest) != 0 {
 		return nil, fmt.Errorf("pipeline snapshot: %d trailing bytes", len(rest))
 	}
@@ -757,15 +862,27 @@ func Restore(cfg Config, data []byte) (*Processor, error) {
 			return nil, fmt.Errorf("pipeline snapshot: %w", err)
 		}
 	}
+	if cfg.Merge != nil {
+		m, err := repartition.Restore(repartition.Config{Sources: cfg.Merge.Sources, ExtWords: cfg.Features.Words()}, mergerBytes)
+		if err != nil {
+			return nil, fmt.Errorf("pipeline snapshot: %w", err)
+		}
+		p.merge = &mergeState{cfg: *cfg.Merge, m: m}
+	}
 	p.newest, p.hasNewest = table.MaxNewest()
-	p.init()
+	if err := p.init(); err != nil {
+		return nil, err
+	}
 	return p, nil
 }
 
 // SegmentRefs returns the dedupe segments a snapshot made by a Processor lists
 // (see watermark.SegmentRefs), without reading them.
 func SegmentRefs(data []byte) ([][]byte, error) {
-	if len(data) < 4+8+8 || [4]byte(data[:4]) != snapMagic && [4]byte(data[:4]) != snapMagicFeatures {
+	if len(data) < 4+8+8 {
+		return nil, errors.New("pipeline snapshot: bad header")
+	}
+	if m := [4]byte(data[:4]); m != snapMagic && m != snapMagicFeatures && m != snapMagicMerge {
 		return nil, errors.New("pipeline snapshot: bad header")
 	}
 	stageBytes, _, err := section(data[20:])

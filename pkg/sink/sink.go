@@ -234,6 +234,7 @@ func (s *Sink) WithDefinition(definition string) *Sink {
 // with acks from all in-sync replicas, so a retried produce is not duplicated.
 func ProducerOpts() []kgo.Opt {
 	return []kgo.Opt{
+		kgo.RecordPartitioner(Partitioner()),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.ProducerLinger(2 * time.Millisecond),
 		kgo.ProducerBatchCompression(kgo.Lz4Compression(), kgo.NoCompression()),
@@ -277,6 +278,9 @@ const (
 	// (--features): "<label>@<hash>", the hash over the definition's canonical
 	// form (pkg/definition).
 	HeaderDefinition = "velocity.definition"
+	// HeaderGroup names the re-keyed group (docs/repartition.md) on a features
+	// record of its second stage and on a dead letter that stage decided.
+	HeaderGroup = "velocity.group"
 )
 
 // Epoch is the set of records a Tracker produced between two Cuts. A
@@ -470,6 +474,9 @@ type DeadLetter struct {
 	SourceTopic     string
 	SourcePartition int32
 	SourceOffset    int64
+	// Group is the re-keyed group whose second stage decided it ("" for the
+	// input partition's own dead letters): the velocity.group header.
+	Group string
 }
 
 // Dead produces one dead letter with the contract's headers. Bytes are copied.
@@ -489,8 +496,26 @@ func (t *Tracker) Dead(d DeadLetter) {
 	if len(t.sink.definition) > 0 {
 		h = append(h, kgo.RecordHeader{Key: HeaderDefinition, Value: t.sink.definition})
 	}
+	if d.Group != "" {
+		h = append(h, kgo.RecordHeader{Key: HeaderGroup, Value: []byte(d.Group)})
+	}
 	p.rec.Headers = h
 	t.copyInto(p, d.Key, nil, d.Value)
+	t.produce(p, -1)
+}
+
+// Hop produces one hop record to partition partition of a repartition topic
+// (docs/repartition.md): a first stage's output like its features, in the same
+// epochs, so a checkpoint flushes it before the input offset that produced it is
+// committed. It carries no headers: the second stage reads only the value, and
+// its own outputs carry the lineage. Key and value are copied.
+func (t *Tracker) Hop(topic string, partition int32, key, value []byte) {
+	p := t.nextPending()
+	p.rec.Topic = topic
+	p.rec.Partition = partition
+	p.rec.Timestamp = t.nowTime
+	p.rec.Headers = nil
+	t.copyInto(p, key, nil, value)
 	t.produce(p, -1)
 }
 

@@ -13,6 +13,10 @@ import (
 // for error messages.
 type OutputTopic struct {
 	Flag, Name string
+	// Exact requires an existing topic to have exactly the given partition count:
+	// a repartition topic, whose partitions are the second stages' (one per input
+	// partition), where a different count would move keys between them.
+	Exact bool
 }
 
 // EnsureTopics creates each of topics that does not exist yet, with the given
@@ -39,6 +43,10 @@ func EnsureTopics(ctx context.Context, adm *kadm.Client, partitions int32, topic
 			return created, notAuthorized(t, td.Err)
 		}
 		if ok && td.Err == nil {
+			if t.Exact && int32(len(td.Partitions)) != partitions {
+				return created, fmt.Errorf("%s %q has %d partitions and the input topic %d: a repartition topic must have the input's count; delete it (its consumer group's re-keyed state goes with it) or use a new consumer group",
+					t.Flag, t.Name, len(td.Partitions), partitions)
+			}
 			continue
 		}
 		resp, err := adm.CreateTopic(ctx, max(partitions, 1), -1, nil, t.Name)

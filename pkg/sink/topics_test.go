@@ -2,6 +2,7 @@ package sink
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -23,7 +24,7 @@ func TestEnsureTopics(t *testing.T) {
 	adm := kadm.NewClient(cl)
 	ctx := context.Background()
 
-	created, err := EnsureTopics(ctx, adm, 3, OutputTopic{"--a", "exists"}, OutputTopic{"--b", "fresh"}, OutputTopic{"--c", ""})
+	created, err := EnsureTopics(ctx, adm, 3, OutputTopic{Flag: "--a", Name: "exists"}, OutputTopic{Flag: "--b", Name: "fresh"}, OutputTopic{Flag: "--c"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +43,14 @@ func TestEnsureTopics(t *testing.T) {
 	if n := len(md.Topics["exists"].Partitions); n != 2 {
 		t.Errorf("an existing topic changed to %d partitions", n)
 	}
-	if again, err := EnsureTopics(ctx, adm, 3, OutputTopic{"--b", "fresh"}); err != nil || len(again) != 0 {
+	if again, err := EnsureTopics(ctx, adm, 3, OutputTopic{Flag: "--b", Name: "fresh"}); err != nil || len(again) != 0 {
 		t.Fatalf("second call: created %v, err %v; want nothing", again, err)
+	}
+	// A repartition topic must have the input's partition count, existing or not.
+	if _, err := EnsureTopics(ctx, adm, 3, OutputTopic{Flag: "repartition", Name: "exists", Exact: true}); err == nil || !strings.Contains(err.Error(), "has 2 partitions and the input topic 3") {
+		t.Fatalf("existing repartition topic with 2 of 3 partitions: err %v", err)
+	}
+	if _, err := EnsureTopics(ctx, adm, 2, OutputTopic{Flag: "repartition", Name: "exists", Exact: true}); err != nil {
+		t.Fatalf("existing repartition topic with the input's count: %v", err)
 	}
 }

@@ -470,6 +470,15 @@ func (s *Stage) Idle(dst []Event) []Event {
 	return s.release(dst, 0, true)
 }
 
+// Quiet reports whether IdleTimeout > 0 and at least IdleTimeout has passed on the
+// injected clock since the last Offer (or since New/Restore), pending events or not:
+// the idle rule as a first stage tells its re-keyed groups' second stages
+// (docs/repartition.md), which must hear it from a partition that never had input
+// too, where Idle has nothing to release.
+func (s *Stage) Quiet() bool {
+	return s.idleTimeout > 0 && s.current().Sub(s.lastOffer) >= s.idleTimeout
+}
+
 // FlushAll appends everything pending in (EventTime, Offset) order and empties the
 // buffer: the end of a replay range, or shutdown. The watermark and dedupe set stay.
 func (s *Stage) FlushAll(dst []Event) []Event {

@@ -399,3 +399,39 @@ func TestRestoreDetectsFlippedBitsAndTruncation(t *testing.T) {
 		t.Fatalf("bad config: err = %v, want a config error", err)
 	}
 }
+
+// TestQuiet: the idle rule as a first stage reports it to its second stages, with or
+// without pending events, and only with an idle timeout.
+func TestQuiet(t *testing.T) {
+	t0 := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	steps := []struct {
+		at    time.Duration
+		offer bool
+		quiet bool
+	}{
+		{0, false, false}, // just made: New counts as activity
+		{999 * time.Millisecond, false, false},
+		{time.Second, false, true},             // nothing ever offered, nothing pending: quiet all the same
+		{1500 * time.Millisecond, true, false}, // an offer ends it
+		{2499 * time.Millisecond, false, false},
+		{2500 * time.Millisecond, false, true}, // pending events do not change it
+	}
+	s := mustNew(t, Config{AllowedLateness: 60000, IdleTimeout: time.Second, Now: func() time.Time { return t0 }})
+	for i, st := range steps {
+		s.SetClock(t0.Add(st.at))
+		if st.offer {
+			s.Offer(Event{Offset: int64(i), EventTime: 1000, EventID: "e"})
+		}
+		if got := s.Quiet(); got != st.quiet {
+			t.Fatalf("step %d at +%v: Quiet = %v, want %v", i, st.at, got, st.quiet)
+		}
+	}
+	if s.Pending() != 1 {
+		t.Fatalf("pending %d, want the one offered event", s.Pending())
+	}
+	off := mustNew(t, Config{AllowedLateness: 1000, Now: func() time.Time { return t0 }})
+	off.SetClock(t0.Add(time.Hour))
+	if off.Quiet() {
+		t.Fatal("Quiet with IdleTimeout 0")
+	}
+}
