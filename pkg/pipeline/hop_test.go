@@ -1,0 +1,331 @@
+package pipeline
+
+import (
+	"bytes"
+	"cmp"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+	"github.com/velocity-consumer/velocity-consumer/pkg/definition"
+	"github.com/velocity-consumer/velocity-consumer/pkg/feature"
+	"github.com/velocity-consumer/velocity-consumer/pkg/repartition"
+	"github.com/velocity-consumer/velocity-consumer/pkg/watermark"
+)
+
+// The re-keyed groups of these tests are keyed by the currency of our Transaction
+// schema: a low-cardinality, skewed key that every input partition carries, and that
+// some records lack (""). Each group's features are a definition of their own with
+// entity_id: currency, so that a one-stage processor of that definition, fed the
+// group's events in (event time, partition, offset) order, is the reference.
+var hopGroupDefs = []string{`
+version: group-cur
+input: {event_id: event_id, entity_id: currency, event_time: event_time, amount: amount_minor}
+windows: [10s:1s, 1m:10s]
+features:
+  - {name: n, agg: count, windows: [10s, 1m]}
+  - {name: big, agg: count, windows: [1m], where: [{field: amount_minor, ge: 500}]}
+  - {name: cards, agg: distinct_count, field: entity_id, windows: [1m], max_exact: 2}
+`, `
+version: group-cur-sum
+input: {event_id: event_id, entity_id: currency, event_time: event_time, amount: amount_minor}
+windows: [5s:1s]
+features:
+  - {name: spend, agg: sum, windows: [5s]}
+  - {name: top, agg: max, windows: [5s]}
+`}
+
+type hopGroup struct {
+	spec *feature.Spec
+	dec  codec.Decoder
+}
+
+func loadHopGroups(t testing.TB) []hopGroup {
+	t.Helper()
+	var gs []hopGroup
+	for i, src := range hopGroupDefs {
+		d, err := definition.Parse(fmt.Sprintf("group%d.yaml", i), []byte(src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := definition.Compile(d, "", codec.DefaultLimits())
+		if err != nil {
+			t.Fatal(err)
+		}
+		spec, err := definition.EngineSpec(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gs = append(gs, hopGroup{spec: spec, dec: c.Decoder()})
+	}
+	return gs
+}
+
+// groupsDecoder is the in-place definition's decoder plus, per group, the key and
+// the words that group's own definition gives the same record: what a definition
+// with groups compiles to (pkg/definition tests hold it to that).
+type groupsDecoder struct {
+	inner  codec.Decoder
+	groups []hopGroup
+	txs    []codec.Transaction
+}
+
+func (d *groupsDecoder) Decode(value []byte, maxSeen int64, hasMax bool, tx *codec.Transaction) *codec.Rejection {
+	if r := d.inner.Decode(value, maxSeen, hasMax, tx); r != nil {
+		return r
+	}
+	if d.txs == nil {
+		d.txs = make([]codec.Transaction, len(d.groups))
+	}
+	tx.Groups = tx.Groups[:0]
+	for i, g := range d.groups {
+		gv := codec.GroupValues{}
+		// The group's definition refuses a record without a currency (its
+		// entity): that record has no key for the group.
+		if r := g.dec.Decode(value, 0, false, &d.txs[i]); r == nil {
+			gv.Key, gv.Ext = d.txs[i].EntityID, d.txs[i].Ext
+		}
+		tx.Groups = append(tx.Groups, gv)
+	}
+	return nil
+}
+
+func hopTopic(g int) string { return fmt.Sprintf("%sgrp-g%d", "__velocity-repartition-", g) }
+
+// hopInput is records of three input partitions: featureRecords' mix (out of order,
+// late, duplicates within a partition, the same ids on several partitions).
+func hopInput() [][]Record {
+	all := featureRecords(900)
+	parts := make([][]Record, 3)
+	for i, r := range all {
+		p := int32(i % 3)
+		r.Partition, r.Offset = p, int64(len(parts[p]))
+		parts[p] = append(parts[p], r)
+	}
+	return parts
+}
+
+// firstStages runs every input partition's first stage and returns, per group and
+// repartition partition, each source's hop records in the order it sent them
+// (markers every markEvery records, as a live tick would, and the end of input),
+// plus the accepted records' (partition, offset) per group.
+func firstStages(t testing.TB, parts [][]Record, groups []hopGroup, markEvery int) (hops [][][][][]byte, accepted []map[[2]int64]bool) {
+	t.Helper()
+	inner := newFeaturesProcessor(t, txDefinition, 1500).cfg.Decoder
+	hc := &HopConfig{Partitions: int32(len(parts))}
+	for i, g := range groups {
+		hc.Groups = append(hc.Groups, HopGroup{Name: fmt.Sprintf("g%d", i), Topic: hopTopic(i), Words: g.spec.Words()})
+	}
+	spec := newFeaturesProcessor(t, txDefinition, 1500).cfg.Features
+	hops = make([][][][][]byte, len(groups))
+	accepted = make([]map[[2]int64]bool, len(groups))
+	for g := range groups {
+		accepted[g] = map[[2]int64]bool{}
+		hops[g] = make([][][][]byte, len(parts))
+		for rp := range parts {
+			hops[g][rp] = make([][][]byte, len(parts))
+		}
+	}
+	for src, recs := range parts {
+		p, err := New(Config{Topic: "tx", Partition: int32(src), Decoder: &groupsDecoder{inner: inner, groups: groups},
+			Features: spec, Hops: hc, Watermark: watermark.Config{AllowedLateness: 1500}}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.SetOwnerEpoch(7)
+		emit := func(o *Output) {
+			if !o.Hop {
+				return
+			}
+			g := slices.IndexFunc(hc.Groups, func(h HopGroup) bool { return h.Topic == o.Topic })
+			if g < 0 || o.Group != hc.Groups[g].Name {
+				t.Fatalf("hop to %q (group %q): not a configured group", o.Topic, o.Group)
+			}
+			if o.Key != nil {
+				if want := repartition.PartitionFor(string(o.Key), hc.Partitions); o.Partition != want {
+					t.Fatalf("key %q hopped to partition %d, murmur2 says %d", o.Key, o.Partition, want)
+				}
+				accepted[g][[2]int64{int64(src), o.SourceOffset}] = true
+			}
+			hops[g][o.Partition][src] = append(hops[g][o.Partition][src], bytes.Clone(o.Value))
+		}
+		for i, r := range recs {
+			p.Process(r, emit)
+			if markEvery > 0 && i%markEvery == markEvery-1 {
+				p.HopMarkers(false, emit)
+			}
+		}
+		p.Flush(emit)
+		p.EndOfInput(emit)
+	}
+	return hops, accepted
+}
+
+type mergedOut struct {
+	dead  bool
+	value []byte
+}
+
+// secondStage feeds one repartition partition's stage the sources' records in a
+// random interleaving that keeps each source's order, re-sends a random suffix of a
+// source now and then (an owner restarted from an older checkpoint), and restores
+// from its own snapshot at random points. It returns its outputs by source position.
+func secondStage(t testing.TB, g hopGroup, name string, rp int, perSource [][][]byte, rng *rand.Rand) map[[2]int64]mergedOut {
+	t.Helper()
+	cfg := Config{Topic: "__velocity-repartition-grp-" + name, Partition: int32(rp), Features: g.spec, Merge: &MergeConfig{Group: name, Sources: len(perSource)}}
+	p, err := New(cfg, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[[2]int64]mergedOut{}
+	emit := func(o *Output) {
+		if o.Hop {
+			t.Fatal("a second stage hopped")
+		}
+		k := [2]int64{int64(o.SourcePartition), o.SourceOffset}
+		if prev, ok := out[k]; ok {
+			t.Fatalf("group %s: input %v yielded twice (%v, then dead=%v %s)", name, k, prev.dead, o.Dead, o.Err)
+		}
+		if o.Dead && o.Group != name {
+			t.Fatalf("a second stage's dead letter names group %q, want %q", o.Group, name)
+		}
+		out[k] = mergedOut{o.Dead, bytes.Clone(o.Value)}
+	}
+	next := make([]int, len(perSource))
+	var off int64
+	for {
+		var live []int
+		for s := range perSource {
+			if next[s] < len(perSource[s]) {
+				live = append(live, s)
+			}
+		}
+		if len(live) == 0 {
+			break
+		}
+		s := live[rng.IntN(len(live))]
+		if next[s] > 0 && rng.IntN(200) == 0 {
+			next[s] = rng.IntN(next[s]) // re-send from an earlier point
+		}
+		p.Process(Record{Topic: cfg.Topic, Partition: cfg.Partition, Offset: off, Value: perSource[s][next[s]]}, emit)
+		next[s]++
+		off++
+		if rng.IntN(150) == 0 {
+			snap := p.AppendSnapshot(nil)
+			if p, err = Restore(cfg, snap); err != nil {
+				t.Fatal(err)
+			}
+			if again := p.AppendSnapshot(nil); !bytes.Equal(again, snap) {
+				t.Fatal("a restored second stage writes another snapshot")
+			}
+		}
+	}
+	if p.Pending() != 0 {
+		t.Fatalf("group %s partition %d: %d events still pending after every source ended", name, rp, p.Pending())
+	}
+	return out
+}
+
+// TestTwoStagesEqualOneStageOverTheSortedGroup: whatever the interleaving, the
+// re-sends and the restarts, each group's outputs are, byte for byte, the same, one
+// per accepted record with the group's key, and equal to a one-stage processor of the
+// group's own definition fed the group's events in (event time, partition, offset)
+// order.
+func TestTwoStagesEqualOneStageOverTheSortedGroup(t *testing.T) {
+	groups := loadHopGroups(t)
+	parts := hopInput()
+	hops, accepted := firstStages(t, parts, groups, 25)
+	for g, grp := range groups {
+		name := fmt.Sprintf("g%d", g)
+		var first map[[2]int64]mergedOut
+		for seed := range 6 {
+			rng := rand.New(rand.NewPCG(uint64(seed), 99))
+			got := map[[2]int64]mergedOut{}
+			for rp := range parts {
+				for k, v := range secondStage(t, grp, name, rp, hops[g][rp], rng) {
+					got[k] = v
+				}
+			}
+			if len(got) != len(accepted[g]) {
+				t.Fatalf("group %s seed %d: %d outputs for %d accepted records with a key", name, seed, len(got), len(accepted[g]))
+			}
+			for k := range accepted[g] {
+				if _, ok := got[k]; !ok {
+					t.Fatalf("group %s seed %d: accepted record %v yielded nothing", name, seed, k)
+				}
+			}
+			if first == nil {
+				first = got
+				continue
+			}
+			for k, v := range first {
+				if w := got[k]; w.dead != v.dead || !bytes.Equal(w.value, v.value) {
+					t.Fatalf("group %s: seed %d gave another output for %v than seed 0", name, seed, k)
+				}
+			}
+		}
+		checkAgainstOneStage(t, grp, parts, accepted[g], first)
+	}
+}
+
+func checkAgainstOneStage(t *testing.T, g hopGroup, parts [][]Record, accepted map[[2]int64]bool, got map[[2]int64]mergedOut) {
+	t.Helper()
+	type ev struct {
+		t        int64
+		src, off int64
+		value    []byte
+	}
+	var evs []ev
+	var tx codec.Transaction
+	for src, recs := range parts {
+		for _, r := range recs {
+			if !accepted[[2]int64{int64(src), r.Offset}] {
+				continue
+			}
+			if rej := g.dec.Decode(r.Value, 0, false, &tx); rej != nil {
+				t.Fatal(rej)
+			}
+			evs = append(evs, ev{tx.EventTime, int64(src), r.Offset, r.Value})
+		}
+	}
+	slices.SortFunc(evs, func(a, b ev) int {
+		return cmp.Or(cmp.Compare(a.t, b.t), cmp.Compare(a.src, b.src), cmp.Compare(a.off, b.off))
+	})
+	ref, err := New(Config{Topic: "ref", Decoder: g.dec, Features: g.spec, Watermark: watermark.Config{DisableDedupe: true}}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want, have feature.Head
+	wantRow, haveRow := feature.NewRow(g.spec), feature.NewRow(g.spec)
+	compared := 0
+	for i, e := range evs {
+		ref.Process(Record{Topic: "ref", Offset: int64(i), Value: e.value}, func(o *Output) {
+			if o.Dead {
+				t.Fatalf("reference dead-lettered %v: %s", o.Reason, o.Err)
+			}
+			out := got[[2]int64{e.src, e.off}]
+			if out.dead {
+				t.Fatalf("input %d/%d: the second stage dead-lettered what one stage counts", e.src, e.off)
+			}
+			if err := feature.ParseRow(o.Value, g.spec, &want, wantRow); err != nil {
+				t.Fatal(err)
+			}
+			if err := feature.ParseRow(out.value, g.spec, &have, haveRow); err != nil {
+				t.Fatal(err)
+			}
+			if have.SourceTopic != "tx" || have.SourcePartition != int32(e.src) || have.SourceOffset != e.off {
+				t.Fatalf("lineage %s/%d/%d, want tx/%d/%d", have.SourceTopic, have.SourcePartition, have.SourceOffset, e.src, e.off)
+			}
+			have.SourceTopic, have.SourcePartition, have.SourceOffset = want.SourceTopic, want.SourcePartition, want.SourceOffset
+			if have != want || !slices.Equal(haveRow.Values, wantRow.Values) || !slices.Equal(haveRow.Null, wantRow.Null) || !slices.Equal(haveRow.Exact, wantRow.Exact) {
+				t.Fatalf("input %d/%d: second stage %+v %v, one stage %+v %v", e.src, e.off, have, haveRow.Values, want, wantRow.Values)
+			}
+			compared++
+		})
+	}
+	if compared != len(evs) || compared == 0 {
+		t.Fatalf("compared %d of %d events", compared, len(evs))
+	}
+}
