@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/schemas"
@@ -87,42 +88,70 @@ func compileParsed(def *Definition, root *node, limits codec.Limits) (*Compiled,
 			return nil, err
 		}
 	}
-	// Distinct fields, in slot order.
-	for j, path := range def.Distincts {
-		f := firstFeature(def, j)
-		ref, err := c.distinctField(path, f)
-		if err != nil {
+	if d.distincts, d.filters, err = c.block(def.Features, def.Distincts, def.Filters); err != nil {
+		return nil, err
+	}
+	d.ext = extWords(def.Filters, def.Distincts)
+	for i := range def.Groups {
+		g := &def.Groups[i]
+		cg := cgroup{}
+		if cg.key, err = c.id(g.Key, g.label+".key", g.keyPos, "a group key"); err != nil {
 			return nil, err
 		}
-		d.distincts = append(d.distincts, ref)
-	}
-	// Filters, in bit order.
-	for _, flt := range def.Filters {
-		var cf cfilter
-		for _, pr := range flt.Predicates {
-			cp, err := c.predicate(pr)
-			if err != nil {
-				return nil, err
-			}
-			cf.preds = append(cf.preds, cp)
+		if cg.distincts, cg.filters, err = c.block(g.Features, g.Distincts, g.Filters); err != nil {
+			return nil, err
 		}
-		d.filters = append(d.filters, cf)
+		cg.ext = extWords(g.Filters, g.Distincts)
+		d.groups = append(d.groups, cg)
 	}
 	if d.root, err = c.plan(root, c.trie, ""); err != nil {
 		return nil, err
 	}
 	d.nslots = len(c.slots)
-	d.ext = 1 + len(def.Distincts)
-	if len(def.Filters) == 0 && len(def.Distincts) == 0 {
-		d.ext = 0
-	}
 	return &Compiled{Spec: def.Spec(), def: def, dec: d}, nil
 }
 
-func firstFeature(def *Definition, slot int) *Feature {
-	for i := range def.Features {
-		if def.Features[i].Distinct == slot {
-			return &def.Features[i]
+// extWords is the length of one group's Ext: 0 without filters and
+// distincts, else the word of bits and one hash per distinct slot.
+func extWords(filters []Filter, distincts []string) int {
+	if len(filters) == 0 && len(distincts) == 0 {
+		return 0
+	}
+	return 1 + len(distincts)
+}
+
+// block compiles one group's distinct slots (in slot order) and filters (in
+// bit order). Their paths share the decoder's slots with every other group's,
+// so a field several groups read is read once per record.
+func (c *compiler) block(features []Feature, distincts []string, filters []Filter) ([]distinctRef, []cfilter, error) {
+	var refs []distinctRef
+	for j, path := range distincts {
+		f := firstFeature(features, j)
+		ref, err := c.distinctField(path, f)
+		if err != nil {
+			return nil, nil, err
+		}
+		refs = append(refs, ref)
+	}
+	var cfs []cfilter
+	for _, flt := range filters {
+		var cf cfilter
+		for _, pr := range flt.Predicates {
+			cp, err := c.predicate(pr)
+			if err != nil {
+				return nil, nil, err
+			}
+			cf.preds = append(cf.preds, cp)
+		}
+		cfs = append(cfs, cf)
+	}
+	return refs, cfs, nil
+}
+
+func firstFeature(features []Feature, slot int) *Feature {
+	for i := range features {
+		if features[i].Distinct == slot {
+			return &features[i]
 		}
 	}
 	panic("definition: distinct slot without a feature")
@@ -289,7 +318,12 @@ type idRef struct {
 }
 
 func (c *compiler) idField(path, key string) (idRef, error) {
-	at := c.inputPos(strings.TrimPrefix(key, "input."))
+	return c.id(path, key, c.inputPos(strings.TrimPrefix(key, "input.")), "an id")
+}
+
+// id resolves an id or a group key, written at at under key; what names it
+// in the error.
+func (c *compiler) id(path, key string, at pos, what string) (idRef, error) {
 	leaf, slot, _, err := c.resolve(path, at, key)
 	if err != nil {
 		return idRef{}, err
@@ -299,7 +333,7 @@ func (c *compiler) idField(path, key string) (idRef, error) {
 	case leaf.kind == kString, leaf.kind == kBytes, leaf.kind == kInt, leaf.kind == kLong:
 		return idRef{slot: slot, kind: leaf.kind, path: path, reason: codec.Invalid(path)}, nil
 	}
-	return idRef{}, c.errAt(at, key, "path %s is a %s; an id must be a string, bytes, int or long", path, leaf.describe())
+	return idRef{}, c.errAt(at, key, "path %s is a %s; %s must be a string, bytes, int or long", path, leaf.describe(), what)
 }
 
 // timeRef reads the event time; micros are floored to milliseconds.
@@ -575,6 +609,16 @@ type decoder struct {
 	amount    amountRef
 	distincts []distinctRef
 	filters   []cfilter
+	groups    []cgroup // the re-keyed groups, in definition order
+}
+
+// cgroup is one re-keyed group compiled: its key and its own filters and
+// distinct slots, evaluated into codec.GroupValues.
+type cgroup struct {
+	key       idRef
+	ext       int // len(GroupValues.Ext) when the key is present: 0 without filters and distincts
+	distincts []distinctRef
+	filters   []cfilter
 }
 
 // smallSlots is the scratch size for definitions that read few fields (most):
@@ -624,26 +668,63 @@ func (d *decoder) decode(value []byte, maxSeen int64, hasMaxSeen bool, tx *codec
 	if r = codec.Validate(tx, d.limits, maxSeen, hasMaxSeen); r != nil {
 		return d.rename(r)
 	}
-	if d.ext == 0 {
-		tx.Ext = tx.Ext[:0]
+	tx.Ext = fillExt(tx.Ext, d.ext, d.filters, d.distincts, value, vals)
+	if len(d.groups) == 0 {
+		tx.Groups = tx.Groups[:0]
 		return nil
 	}
+	// Every key is checked before any is converted, so that a rejected
+	// record costs no key strings. The keys' rule comes after the contract's
+	// rules on the in-place fields, in group order.
+	for k := range d.groups {
+		if r = d.groups[k].key.checkKey(value, vals); r != nil {
+			return r
+		}
+	}
+	n := len(d.groups)
+	if cap(tx.Groups) < n {
+		// Once per Transaction: the entries' Ext arrays are kept from then on.
+		grown := make([]codec.GroupValues, n)
+		copy(grown, tx.Groups[:cap(tx.Groups)])
+		tx.Groups = grown
+	}
+	tx.Groups = tx.Groups[:n]
+	for k := range d.groups {
+		g, out := &d.groups[k], &tx.Groups[k]
+		out.Key = g.key.readKey(value, vals)
+		if out.Key == "" {
+			// Not an event of this group: its words would never be read.
+			out.Ext = out.Ext[:0]
+			continue
+		}
+		out.Ext = fillExt(out.Ext, g.ext, g.filters, g.distincts, value, vals)
+	}
+	return nil
+}
+
+// fillExt writes one group's words into ext's backing array: the filter bits
+// and distinct-present bits in word 0, then one hash per distinct slot (the
+// layout of codec.Transaction.Ext); nothing when words is 0.
+func fillExt(ext []uint64, words int, filters []cfilter, distincts []distinctRef, value []byte, vals []val) []uint64 {
+	if words == 0 {
+		return ext[:0]
+	}
 	var word0 uint64
-	for k := range d.filters {
-		if d.filters[k].match(value, vals) {
+	for k := range filters {
+		if filters[k].match(value, vals) {
 			word0 |= 1 << k
 		}
 	}
-	tx.Ext = append(tx.Ext[:0], 0)
-	for j := range d.distincts {
-		h, ok := d.distincts[j].hash(value, vals)
+	ext = append(ext[:0], 0)
+	for j := range distincts {
+		h, ok := distincts[j].hash(value, vals)
 		if ok {
 			word0 |= 1 << (32 + j)
 		}
-		tx.Ext = append(tx.Ext, h)
+		ext = append(ext, h)
 	}
-	tx.Ext[0] = word0
-	return nil
+	ext[0] = word0
+	return ext
 }
 
 // rename turns the contract's field names in a validation rejection into the
@@ -674,7 +755,7 @@ func (d *decoder) rename(r *codec.Rejection) *codec.Rejection {
 
 // Reasons lists every velocity.reason the decoder can give, so that metrics
 // can count each from the start: decode, too_large, and invalid:<path> for the
-// mapped paths.
+// mapped paths and then the re-keyed groups' keys.
 func (c *Compiled) Reasons() []codec.Reason {
 	d := c.dec
 	out := []codec.Reason{codec.ReasonDecode, codec.ReasonTooLarge, d.eventID.reason, d.entityID.reason}
@@ -682,6 +763,9 @@ func (c *Compiled) Reasons() []codec.Reason {
 		out = append(out, d.amount.reason)
 	}
 	out = append(out, d.eventTime.reason)
+	for k := range d.groups {
+		out = append(out, d.groups[k].key.reason)
+	}
 	// Two uses may map one path (an id that is also the amount): list it once.
 	seen := map[codec.Reason]bool{}
 	uniq := out[:0]
@@ -704,6 +788,40 @@ func (r *idRef) read(value []byte, vals []val) (string, *codec.Rejection) {
 		return strconv.FormatInt(v.n, 10), nil
 	}
 	return string(value[v.off : v.off+v.ln]), nil
+}
+
+// checkKey applies the contract's entity-key rule to a group's key that is
+// present and not empty: at most codec.MaxEntityIDBytes of UTF-8. A null,
+// absent or empty key is not an error (the record is not an event of the
+// group). An int or long key is its decimal text, which always passes.
+func (r *idRef) checkKey(value []byte, vals []val) *codec.Rejection {
+	v := &vals[r.slot]
+	if !v.set || r.kind == kInt || r.kind == kLong {
+		return nil
+	}
+	b := value[v.off : v.off+v.ln]
+	switch {
+	case len(b) > codec.MaxEntityIDBytes:
+		return &codec.Rejection{Reason: r.reason, Detail: r.path + " is " + strconv.Itoa(len(b)) + " bytes, over the limit of " + strconv.Itoa(codec.MaxEntityIDBytes)}
+	case !utf8.Valid(b):
+		return &codec.Rejection{Reason: r.reason, Detail: r.path + " is not valid UTF-8"}
+	}
+	return nil
+}
+
+// readKey is a group's key as text, "" when null, absent or empty; checkKey
+// has passed.
+func (r *idRef) readKey(value []byte, vals []val) string {
+	v := &vals[r.slot]
+	switch {
+	case !v.set:
+		return ""
+	case r.kind == kInt || r.kind == kLong:
+		return strconv.FormatInt(v.n, 10)
+	case v.ln == 0:
+		return ""
+	}
+	return string(value[v.off : v.off+v.ln])
 }
 
 func (r *timeRef) read(vals []val) (int64, *codec.Rejection) {

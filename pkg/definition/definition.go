@@ -35,7 +35,15 @@ const (
 	MaxMaxExact        = 4096
 	MaxAmountExponent  = 18
 	maxDefinitionBytes = 1 << 20
+	// MaxGroups bounds the re-keyed groups of one definition: each is a
+	// repartition topic and a second stage per input partition
+	// (docs/repartition.md), and its words travel with every transaction.
+	MaxGroups = 8
 )
+
+// DefaultGroup is the name of the in-place group (the top-level features, kept
+// per input.entity_id) when the definition does not set group.
+const DefaultGroup = "entity"
 
 // Agg is a feature's aggregate. The order matches pkg/feature's Agg.
 type Agg uint8
@@ -128,17 +136,19 @@ type Filter struct {
 	key        string // canonical form, for sharing and the definition hash
 }
 
-// Feature is one declared feature.
+// Feature is one declared feature. Its indices are into its own group's
+// lists: Definition.Windows, Filters and Distincts for a top-level feature,
+// the Group's for a re-keyed group's feature.
 type Feature struct {
 	Name     string
 	Agg      Agg
-	Windows  []int  // indices into Definition.Windows, in output order
+	Windows  []int  // indices into the group's Windows, in output order
 	Field    string // distinct_count only: the counted field's path
-	Filter   int    // -1, or the index into Definition.Filters (= bit in Ext[0])
-	Distinct int    // distinct_count only: the index into Definition.Distincts; else -1
+	Filter   int    // -1, or the index into the group's Filters (= bit in its Ext[0])
+	Distinct int    // distinct_count only: the index into the group's Distincts; else -1
 	MaxExact int    // distinct_count only: values counted exactly per entity
 	pos      pos
-	label    string // features[i]
+	label    string // features[i], groups[g].features[i]
 	fieldPos pos    // where field was written
 }
 
@@ -160,14 +170,38 @@ type Input struct {
 }
 
 // Definition is a parsed and validated feature definition file.
+//
+// Windows, Features, Filters and Distincts are the in-place group's: kept per
+// input.entity_id, the key the input topic is partitioned by. Groups are the
+// re-keyed groups, each kept per its own key and computed by a second stage
+// fed through a repartition topic (docs/repartition.md).
 type Definition struct {
 	File      string // the name given to Parse, used in every error
 	Version   string // the optional label
+	Group     string // the in-place group's name; DefaultGroup unless the file sets group
 	Input     Input
 	Windows   []window.Spec
 	Features  []Feature
 	Filters   []Filter // in bit order
 	Distincts []string // distinct slots' field paths, in slot order
+	Groups    []Group  // the re-keyed groups, in the file's order; nil without groups
+}
+
+// Group is one re-keyed group: features kept per the value of Key instead of
+// input.entity_id. Its windows, filters and distinct slots are its own, so its
+// filter bits and distinct slots are numbered from 0 and its words
+// (codec.GroupValues.Ext) are laid out for its own Spec exactly as
+// codec.Transaction.Ext is for the in-place group's.
+type Group struct {
+	Name      string        // matches ^[a-z][a-z0-9_]{0,31}$; unique among the groups and Definition.Group
+	Key       string        // path of the group's key: a string, bytes, int or long
+	Windows   []window.Spec // the group's windows; its features index them
+	Features  []Feature
+	Filters   []Filter // in bit order
+	Distincts []string // distinct slots' field paths, in slot order
+
+	label  string // groups[i]
+	keyPos pos    // where key was written
 }
 
 // pos is where a node was written, for errors.
@@ -360,11 +394,11 @@ func (p *parser) definition(doc *yaml.Node) (*Definition, error) {
 		return nil, p.errf(doc, "", "empty file; a definition needs input, windows and features")
 	}
 	root := doc.Content[0]
-	top, err := p.mapping(root, "", "version", "input", "windows", "features")
+	top, err := p.mapping(root, "", "version", "input", "windows", "features", "group", "groups")
 	if err != nil {
 		return nil, err
 	}
-	d := &Definition{File: p.file}
+	d := &Definition{File: p.file, Group: DefaultGroup}
 	for _, req := range []string{"input", "windows", "features"} {
 		if top[req] == nil {
 			return nil, p.errf(root, req, "missing; a definition needs input, windows and features")
@@ -378,16 +412,112 @@ func (p *parser) definition(doc *yaml.Node) (*Definition, error) {
 			return nil, p.errf(v, "version", "longer than 128 bytes")
 		}
 	}
+	if v := top["group"]; v != nil {
+		if d.Group, err = p.groupName(v, "group"); err != nil {
+			return nil, err
+		}
+	}
 	if err := p.input(top["input"], &d.Input); err != nil {
 		return nil, err
 	}
-	if err := p.windows(top["windows"], d); err != nil {
+	if d.Windows, err = p.windows(top["windows"], "windows"); err != nil {
 		return nil, err
 	}
-	if err := p.features(top["features"], d); err != nil {
+	b := block{windows: d.Windows}
+	if err := p.features(top["features"], "features", &b, d.Input.Amount != ""); err != nil {
 		return nil, err
+	}
+	d.Features, d.Filters, d.Distincts = b.features, b.filters, b.distincts
+	if paths := d.paths(); len(paths) > MaxPaths {
+		return nil, p.errf(top["features"], "features", "the definition reads %d fields per record, more than %d", len(paths), MaxPaths)
+	}
+	if v := top["groups"]; v != nil {
+		if err := p.groups(v, d, top["group"]); err != nil {
+			return nil, err
+		}
+		// One decoder reads every group's fields from each record.
+		if paths := d.paths(); len(paths) > MaxPaths {
+			return nil, p.errf(v, "groups", "the definition reads %d fields per record (all groups together), more than %d", len(paths), MaxPaths)
+		}
 	}
 	return d, nil
+}
+
+// groupNameRule is the rule for group names: they become parts of topic
+// names, file names and metric labels, so they are short and plain.
+var groupNameRule = regexp.MustCompile(`^[a-z][a-z0-9_]{0,31}$`)
+
+func (p *parser) groupName(n *yaml.Node, field string) (string, error) {
+	s, err := p.scalar(n, field)
+	if err != nil {
+		return "", err
+	}
+	if !groupNameRule.MatchString(s) {
+		return "", p.errf(n, field, "%q is not a group name: a lowercase letter, then lowercase letters, digits and _, at most 32 in all", s)
+	}
+	return s, nil
+}
+
+// groups parses the re-keyed groups. groupNode is the top-level group key's
+// value, nil when the in-place group has the default name.
+func (p *parser) groups(n *yaml.Node, d *Definition, groupNode *yaml.Node) error {
+	items, err := p.seq(n, "groups")
+	if err != nil {
+		return err
+	}
+	if len(items) == 0 {
+		return p.errf(n, "groups", "empty; leave groups out when every feature is kept per input.entity_id")
+	}
+	if len(items) > MaxGroups {
+		return p.errf(n, "groups", "%d groups, at most %d are supported", len(items), MaxGroups)
+	}
+	names := map[string]int{}
+	keys := map[string]int{}
+	for i, it := range items {
+		field := index("groups", i)
+		m, err := p.mapping(it, field, "name", "key", "windows", "features")
+		if err != nil {
+			return err
+		}
+		for _, req := range []string{"name", "key", "windows", "features"} {
+			if m[req] == nil {
+				return p.errf(it, field+"."+req, "missing; a group has a name, a key, windows and features")
+			}
+		}
+		g := Group{label: field, keyPos: pos{m["key"].Line, m["key"].Column}}
+		if g.Name, err = p.groupName(m["name"], field+".name"); err != nil {
+			return err
+		}
+		switch prev, dup := names[g.Name]; {
+		case g.Name == d.Group && groupNode != nil:
+			return p.errf(m["name"], field+".name", "%s is the in-place group's name (group: at line %d); every group needs its own", g.Name, groupNode.Line)
+		case g.Name == d.Group:
+			return p.errf(m["name"], field+".name", "%s is the in-place group's name (the default of group:); name this group otherwise, or set group:", g.Name)
+		case dup:
+			return p.errf(m["name"], field+".name", "group %s already declared at line %d", g.Name, prev)
+		}
+		names[g.Name] = m["name"].Line
+		if g.Key, err = p.path(m["key"], field+".key"); err != nil {
+			return err
+		}
+		if g.Key == d.Input.EntityID {
+			return p.errf(m["key"], field+".key", "%s is input.entity_id, whose features are the in-place group's (the top-level features); a re-keyed group needs another key", g.Key)
+		}
+		if prev, dup := keys[g.Key]; dup {
+			return p.errf(m["key"], field+".key", "%s is already the key of %s; features with one key belong in one group", g.Key, d.Groups[prev].label)
+		}
+		keys[g.Key] = i
+		if g.Windows, err = p.windows(m["windows"], field+".windows"); err != nil {
+			return err
+		}
+		b := block{windows: g.Windows}
+		if err := p.features(m["features"], field+".features", &b, d.Input.Amount != ""); err != nil {
+			return err
+		}
+		g.Features, g.Filters, g.Distincts = b.features, b.filters, b.distincts
+		d.Groups = append(d.Groups, g)
+	}
+	return nil
 }
 
 func (p *parser) input(n *yaml.Node, in *Input) error {
@@ -465,55 +595,69 @@ func (p *parser) path(n *yaml.Node, field string) (string, error) {
 	return s, nil
 }
 
-func (p *parser) windows(n *yaml.Node, d *Definition) error {
-	items, err := p.seq(n, "windows")
+func (p *parser) windows(n *yaml.Node, field string) ([]window.Spec, error) {
+	items, err := p.seq(n, field)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if len(items) == 0 {
-		return p.errf(n, "windows", "empty; give at least one W:b such as 1h:1m")
+		return nil, p.errf(n, field, "empty; give at least one W:b such as 1h:1m")
 	}
 	if len(items) > 64 {
-		return p.errf(n, "windows", "%d windows, at most 64 are supported", len(items))
+		return nil, p.errf(n, field, "%d windows, at most 64 are supported", len(items))
 	}
+	var out []window.Spec
 	seen := map[string]int{}
 	for i, it := range items {
-		f := index("windows", i)
+		f := index(field, i)
 		s, err := p.scalar(it, f)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if strings.Contains(s, ",") {
-			return p.errf(it, f, "one W:b per list entry, not %q", s)
+			return nil, p.errf(it, f, "one W:b per list entry, not %q", s)
 		}
 		specs, err := window.ParseSpecs(s)
 		if err != nil {
-			return p.errf(it, f, "%v", err)
+			return nil, p.errf(it, f, "%v", err)
 		}
 		sp := specs[0]
 		if prev, dup := seen[sp.Name]; dup {
-			return p.errf(it, f, "window length %s already given at line %d; each length may appear once (features name windows by length)", sp.Name, prev)
+			return nil, p.errf(it, f, "window length %s already given at line %d; each length may appear once (features name windows by length)", sp.Name, prev)
 		}
 		seen[sp.Name] = it.Line
-		d.Windows = append(d.Windows, sp)
+		out = append(out, sp)
 	}
-	return nil
+	return out, nil
+}
+
+// block is what one group declares: its windows and features, and the
+// filters and distinct slots its features share. The in-place group and each
+// re-keyed group are parsed into one, so that their rules cannot drift apart.
+type block struct {
+	windows   []window.Spec
+	features  []Feature
+	filters   []Filter
+	distincts []string
 }
 
 // reservedOutputs are the output record's fixed fields; no feature output may
 // take their names.
 var reservedOutputs = []string{"event_id", "entity_id", "event_time", "ms_since_previous", "late", "source_topic", "source_partition", "source_offset"}
 
-func (p *parser) features(n *yaml.Node, d *Definition) error {
-	items, err := p.seq(n, "features")
+// features parses a list of features into b, whose windows are set. field
+// is where the list is ("features", "groups[1].features"); amount is whether
+// input.amount is mapped.
+func (p *parser) features(n *yaml.Node, field string, b *block, amount bool) error {
+	items, err := p.seq(n, field)
 	if err != nil {
 		return err
 	}
 	if len(items) == 0 {
-		return p.errf(n, "features", "empty; declare at least one feature")
+		return p.errf(n, field, "empty; declare at least one feature")
 	}
 	if len(items) > MaxFeatures {
-		return p.errf(n, "features", "%d features, at most %d are supported", len(items), MaxFeatures)
+		return p.errf(n, field, "%d features, at most %d are supported", len(items), MaxFeatures)
 	}
 	// Output names are <feature>_<window> and <feature>_exact; window names
 	// end in a unit and feature names are unique, so they cannot collide
@@ -526,32 +670,29 @@ func (p *parser) features(n *yaml.Node, d *Definition) error {
 	filters := map[string]int{}
 	distincts := map[string]int{}
 	for i, it := range items {
-		f, err := p.feature(it, index("features", i), d, filters, distincts)
+		f, err := p.feature(it, index(field, i), b, amount, filters, distincts)
 		if err != nil {
 			return err
 		}
 		names := make([]string, 0, len(f.Windows)+1)
 		for _, w := range f.Windows {
-			names = append(names, f.Name+"_"+d.Windows[w].Name)
+			names = append(names, f.Name+"_"+b.windows[w].Name)
 		}
 		if f.Agg == AggDistinctCount {
 			names = append(names, f.Name+"_exact")
 		}
 		for _, o := range names {
 			if by, clash := outputs[o]; clash {
-				return p.errf(it, index("features", i)+".name", "output field %s would clash with %s; rename the feature", o, by)
+				return p.errf(it, index(field, i)+".name", "output field %s would clash with %s; rename the feature", o, by)
 			}
 			outputs[o] = "an output of feature " + f.Name
 		}
-		d.Features = append(d.Features, f)
-	}
-	if paths := d.paths(); len(paths) > MaxPaths {
-		return p.errf(n, "features", "the definition reads %d fields per record, more than %d", len(paths), MaxPaths)
+		b.features = append(b.features, f)
 	}
 	return nil
 }
 
-func (p *parser) feature(n *yaml.Node, field string, d *Definition, filters, distincts map[string]int) (Feature, error) {
+func (p *parser) feature(n *yaml.Node, field string, b *block, amount bool, filters, distincts map[string]int) (Feature, error) {
 	m, err := p.mapping(n, field, "name", "agg", "windows", "field", "where", "max_exact")
 	if err != nil {
 		return Feature{}, err
@@ -568,7 +709,7 @@ func (p *parser) feature(n *yaml.Node, field string, d *Definition, filters, dis
 	if !avroName.MatchString(f.Name) || len(f.Name) > 100 {
 		return f, p.errf(m["name"], field+".name", "%q is not a valid name: letters, digits and _, not starting with a digit, at most 100", f.Name)
 	}
-	for _, prev := range d.Features {
+	for _, prev := range b.features {
 		if prev.Name == f.Name {
 			return f, p.errf(m["name"], field+".name", "feature %s already declared at line %d", f.Name, prev.pos.line)
 		}
@@ -600,13 +741,13 @@ func (p *parser) feature(n *yaml.Node, field string, d *Definition, filters, dis
 			return f, err
 		}
 		idx := -1
-		for k, sp := range d.Windows {
+		for k, sp := range b.windows {
 			if sp.Name == name {
 				idx = k
 			}
 		}
 		if idx < 0 {
-			return f, p.errf(w, wf, "no window %q in windows (%s); name a window by its length", name, windowNames(d.Windows))
+			return f, p.errf(w, wf, "no window %q in %s (%s); name a window by its length", name, windowsOf(field), windowNames(b.windows))
 		}
 		for _, prev := range f.Windows {
 			if prev == idx {
@@ -622,7 +763,7 @@ func (p *parser) feature(n *yaml.Node, field string, d *Definition, filters, dis
 		return f, p.errf(m["field"], field+".field", "only distinct_count takes a field; sum, min and max are over the amount")
 	case f.Agg != AggDistinctCount && m["max_exact"] != nil:
 		return f, p.errf(m["max_exact"], field+".max_exact", "only distinct_count takes max_exact")
-	case (f.Agg == AggSum || f.Agg == AggMin || f.Agg == AggMax) && d.Input.Amount == "":
+	case (f.Agg == AggSum || f.Agg == AggMin || f.Agg == AggMax) && !amount:
 		return f, p.errf(m["agg"], field+".agg", "%s is over the amount, and input.amount is not mapped", f.Agg)
 	}
 	if f.Agg == AggDistinctCount {
@@ -638,12 +779,12 @@ func (p *parser) feature(n *yaml.Node, field string, d *Definition, filters, dis
 		}
 		slot, ok := distincts[f.Field]
 		if !ok {
-			if len(d.Distincts) == MaxDistincts {
-				return f, p.errf(m["field"], field+".field", "more than %d distinct fields in one definition", MaxDistincts)
+			if len(b.distincts) == MaxDistincts {
+				return f, p.errf(m["field"], field+".field", "more than %d distinct fields in %s", MaxDistincts, groupOf(field))
 			}
-			slot = len(d.Distincts)
+			slot = len(b.distincts)
 			distincts[f.Field] = slot
-			d.Distincts = append(d.Distincts, f.Field)
+			b.distincts = append(b.distincts, f.Field)
 		}
 		f.Distinct = slot
 	}
@@ -654,16 +795,34 @@ func (p *parser) feature(n *yaml.Node, field string, d *Definition, filters, dis
 		}
 		idx, ok := filters[flt.key]
 		if !ok {
-			if len(d.Filters) == MaxFilters {
-				return f, p.errf(v, field+".where", "more than %d different filters in one definition", MaxFilters)
+			if len(b.filters) == MaxFilters {
+				return f, p.errf(v, field+".where", "more than %d different filters in %s", MaxFilters, groupOf(field))
 			}
-			idx = len(d.Filters)
+			idx = len(b.filters)
 			filters[flt.key] = idx
-			d.Filters = append(d.Filters, flt)
+			b.filters = append(b.filters, flt)
 		}
 		f.Filter = idx
 	}
 	return f, nil
+}
+
+// windowsOf names the windows list a feature at field refers to:
+// "windows" at the top level, "groups[1].windows" in a group.
+func windowsOf(field string) string {
+	if i := strings.Index(field, ".features["); i >= 0 {
+		return field[:i] + ".windows"
+	}
+	return "windows"
+}
+
+// groupOf names the group of a feature at field in a limit's error: the
+// limits are per group, and the in-place group's wording is the original one.
+func groupOf(field string) string {
+	if i := strings.Index(field, ".features["); i >= 0 {
+		return "one group (" + field[:i] + ")"
+	}
+	return "one definition"
 }
 
 func windowNames(specs []window.Spec) string {
@@ -785,7 +944,8 @@ func (pr Predicate) canonical() string {
 }
 
 // paths lists every field path the definition reads, in a fixed order:
-// the mapping, then distinct fields, then filter fields, each once.
+// the mapping, then distinct fields, then filter fields, then each re-keyed
+// group's key, distinct fields and filter fields, each once.
 func (d *Definition) paths() []string {
 	var out []string
 	seen := map[string]bool{}
@@ -807,16 +967,40 @@ func (d *Definition) paths() []string {
 			add(pr.Field)
 		}
 	}
+	for _, g := range d.Groups {
+		add(g.Key)
+		for _, p := range g.Distincts {
+			add(p)
+		}
+		for _, f := range g.Filters {
+			for _, pr := range f.Predicates {
+				add(pr.Field)
+			}
+		}
+	}
 	return out
 }
 
 // canonicalForm is what Hash hashes: everything that changes what the
 // definition computes, in a fixed order, and nothing that does not (comments,
-// layout, key order, the schema file's location).
+// layout, key order, the schema file's location). Group and Groups are left
+// out when the definition has the default group name and no re-keyed groups,
+// so that a definition without groups keeps the hash it had before groups
+// existed; the group names are in because they name outputs.
 type canonicalForm struct {
-	Format   int      `json:"format"`
-	Version  string   `json:"version"`
-	Input    []string `json:"input"`
+	Format   int              `json:"format"`
+	Version  string           `json:"version"`
+	Input    []string         `json:"input"`
+	Windows  string           `json:"windows"`
+	Features []string         `json:"features"`
+	Filters  []string         `json:"filters"`
+	Group    string           `json:"group,omitempty"`
+	Groups   []canonicalGroup `json:"groups,omitempty"`
+}
+
+type canonicalGroup struct {
+	Name     string   `json:"name"`
+	Key      string   `json:"key"`
 	Windows  string   `json:"windows"`
 	Features []string `json:"features"`
 	Filters  []string `json:"filters"`
@@ -831,14 +1015,16 @@ func (d *Definition) Hash() string {
 		Version: d.Version,
 		Input: []string{d.Input.EventID, d.Input.EntityID, d.Input.EventTime, d.Input.Amount,
 			strconv.FormatBool(d.Input.HasAmountExponent), strconv.Itoa(d.Input.AmountExponent), d.Input.DoubleRounding.String()},
-		Windows: window.FormatSpecs(d.Windows),
+		Windows:  window.FormatSpecs(d.Windows),
+		Features: canonicalFeatures(d.Features),
+		Filters:  canonicalFilters(d.Filters),
 	}
-	for _, f := range d.Features {
-		c.Features = append(c.Features, fmt.Sprintf("%s %s %v field=%s filter=%d distinct=%d max_exact=%d",
-			f.Name, f.Agg, f.Windows, f.Field, f.Filter, f.Distinct, f.MaxExact))
+	if d.Group != DefaultGroup || len(d.Groups) > 0 {
+		c.Group = d.Group
 	}
-	for _, f := range d.Filters {
-		c.Filters = append(c.Filters, f.key)
+	for _, g := range d.Groups {
+		c.Groups = append(c.Groups, canonicalGroup{Name: g.Name, Key: g.Key, Windows: window.FormatSpecs(g.Windows),
+			Features: canonicalFeatures(g.Features), Filters: canonicalFilters(g.Filters)})
 	}
 	b, err := json.Marshal(c)
 	if err != nil {
@@ -850,6 +1036,23 @@ func (d *Definition) Hash() string {
 		sum[i] = byte(h >> (56 - 8*i))
 	}
 	return hex.EncodeToString(sum[:])
+}
+
+func canonicalFeatures(fs []Feature) []string {
+	var out []string
+	for _, f := range fs {
+		out = append(out, fmt.Sprintf("%s %s %v field=%s filter=%d distinct=%d max_exact=%d",
+			f.Name, f.Agg, f.Windows, f.Field, f.Filter, f.Distinct, f.MaxExact))
+	}
+	return out
+}
+
+func canonicalFilters(fs []Filter) []string {
+	var out []string
+	for _, f := range fs {
+		out = append(out, f.key)
+	}
+	return out
 }
 
 // FeatureSpec is one feature as the aggregation engine needs it; it mirrors
@@ -872,11 +1075,17 @@ type Spec struct {
 	Distincts int // distinct slots in use
 }
 
-// Spec builds the engine's description of d. It depends on the definition
-// only, not on the writer schema.
-func (d *Definition) Spec() Spec {
-	s := Spec{Windows: append([]window.Spec(nil), d.Windows...), Filters: len(d.Filters), Distincts: len(d.Distincts)}
-	for _, f := range d.Features {
+// Spec builds the engine's description of d's in-place group. It depends on
+// the definition only, not on the writer schema.
+func (d *Definition) Spec() Spec { return blockSpec(d.Windows, d.Features, d.Filters, d.Distincts) }
+
+// Spec builds the engine's description of the re-keyed group g, whose words
+// are codec.GroupValues.Ext.
+func (g *Group) Spec() Spec { return blockSpec(g.Windows, g.Features, g.Filters, g.Distincts) }
+
+func blockSpec(windows []window.Spec, features []Feature, filters []Filter, distincts []string) Spec {
+	s := Spec{Windows: append([]window.Spec(nil), windows...), Filters: len(filters), Distincts: len(distincts)}
+	for _, f := range features {
 		fs := FeatureSpec{Name: f.Name, Agg: f.Agg, Windows: append([]int(nil), f.Windows...), Filter: f.Filter, Distinct: f.Distinct}
 		if f.Agg == AggDistinctCount {
 			fs.MaxExact = f.MaxExact

@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 )
 
 // schemaGen builds random record schemas in which the mapped fields sit at
@@ -167,6 +169,15 @@ func (g *schemaGen) definition() (string, string) {
 	// A namespace, so that goavro's union keys for named types contain a dot
 	// and the reference tells them from field names.
 	schema := strings.Replace(g.record("", 0, top), `{"type":"record",`, `{"type":"record","namespace":"r",`, 1)
+	feats := g.features()
+	def := fmt.Sprintf("input: {event_id: eid, entity_id: sub.key, event_time: t, amount: sub.amt%s}\nwindows: [1m:1s]\nfeatures:\n%s\n",
+		amtIn, strings.Join(feats, "\n"))
+	return schema, def
+}
+
+// features is a feature list over the leaves found so far (at most 12), each
+// a count filtered on a leaf or a distinct count of one, over window 1m.
+func (g *schemaGen) features() []string {
 	var feats []string
 	feats = append(feats, "  - {name: n, agg: count, windows: [1m]}")
 	r := g.r
@@ -216,9 +227,106 @@ func (g *schemaGen) definition() (string, string) {
 			feats = append(feats, fmt.Sprintf("  - {name: p%d, agg: count, windows: [1m], where: [{field: %s, %s: %s}]}", i, lf.path, op, val))
 		}
 	}
-	def := fmt.Sprintf("input: {event_id: eid, entity_id: sub.key, event_time: t, amount: sub.amt%s}\nwindows: [1m:1s]\nfeatures:\n%s\n",
-		amtIn, strings.Join(feats, "\n"))
-	return schema, def
+	return feats
+}
+
+// groups adds up to three re-keyed groups to def, each keyed by a string,
+// bytes, int or long leaf (nullable or not) and with features of its own,
+// and returns it with, per group, the one-group definition that computes the
+// group alone with its key as entity_id.
+func (g *schemaGen) groups(def string) (string, []string) {
+	var keys []string
+	for _, lf := range g.leaves {
+		switch lf.class {
+		case "string", "bytes", "int", "long":
+			keys = append(keys, lf.path)
+		}
+	}
+	g.r.Shuffle(len(keys), func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
+	keys = keys[:min(len(keys), 1+g.r.IntN(3))]
+	if len(keys) == 0 {
+		return def, nil
+	}
+	input := def[:strings.IndexByte(def, '\n')+1]
+	var b strings.Builder
+	b.WriteString(def + "groups:\n")
+	var ones []string
+	for i, key := range keys {
+		feats := strings.Join(g.features(), "\n")
+		fmt.Fprintf(&b, "  - name: g%d\n    key: %s\n    windows: [1m:1s]\n    features:\n%s\n", i, key,
+			strings.ReplaceAll(feats, "  - {", "      - {"))
+		ones = append(ones, strings.Replace(input, "entity_id: sub.key", "entity_id: "+key, 1)+"windows: [1m:1s]\nfeatures:\n"+feats+"\n")
+	}
+	return b.String(), ones
+}
+
+// TestGroupsRandomSchemas: over random schemas, every group's key and words
+// are what goavro's reading gives (the reference) and what a one-group
+// definition of the group's features, keyed in place by the group's key,
+// computes for the same record.
+func TestGroupsRandomSchemas(t *testing.T) {
+	n := 120
+	if testing.Short() || raceEnabled {
+		n = 30
+	}
+	seen := map[string]int{}
+	withGroups := 0
+	for s := 0; s < n; s++ {
+		g := &schemaGen{r: rand.New(rand.NewPCG(uint64(s), 27))}
+		schema, plain := g.definition()
+		defSrc, oneSrcs := g.groups(plain)
+		if len(oneSrcs) == 0 {
+			continue
+		}
+		withGroups++
+		d, err := Parse("rand.yaml", []byte(defSrc))
+		if err != nil {
+			t.Fatalf("seed %d: %v\n%s", s, err, defSrc)
+		}
+		c, err := Compile(d, schema, limitsForTest)
+		if err != nil {
+			t.Fatalf("seed %d: %v\nschema %s\n%s", s, err, schema, defSrc)
+		}
+		var ones []codec.Decoder
+		for _, src := range oneSrcs {
+			one, err := Compile(mustParse(t, "one.yaml", src), schema, limitsForTest)
+			if err != nil {
+				t.Fatalf("seed %d: %v\n%s", s, err, src)
+			}
+			ones = append(ones, one.Decoder())
+		}
+		ref := newRef(d, schema)
+		root, gc, err := parseSchema(schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		vg := &gen{r: rand.New(rand.NewPCG(uint64(s), 28))}
+		for i := 0; i < 150; i++ {
+			value, err := gc.BinaryFromNative(nil, vg.value(root, 0))
+			if err != nil {
+				t.Fatalf("seed %d: goavro cannot encode: %v", s, err)
+			}
+			t.Run("", func(t *testing.T) {
+				checkSame(t, c.Decoder(), ref, value, 0, false)
+				checkGroupsAgree(t, d, c.Decoder(), ones, value, seen)
+				bad := mutate(vg.r, value)
+				checkSame(t, c.Decoder(), ref, bad, 0, false)
+				checkGroupsAgree(t, d, c.Decoder(), ones, bad, seen)
+			})
+			if t.Failed() {
+				t.Fatalf("seed %d record %d\nschema %s\n%s", s, i, schema, defSrc)
+			}
+		}
+	}
+	t.Logf("%d of %d schemas with groups; cases %v", withGroups, n, seen)
+	if withGroups < n/2 {
+		t.Errorf("only %d of %d random schemas have a key for a group", withGroups, n)
+	}
+	for _, k := range []string{"decode", "bad key", "in-place rule", "no key", "key"} {
+		if seen[k] < 50 {
+			t.Errorf("case %q met %d times; the generator does not reach it", k, seen[k])
+		}
+	}
 }
 
 func TestDifferentialRandomSchemas(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/linkedin/goavro/v2"
 	"github.com/zeebo/xxh3"
@@ -171,28 +172,51 @@ func (r *refDecoder) decode(value []byte, maxSeen int64, hasMaxSeen bool) refRes
 			codec.ReasonInvalidAmountMinor: in.Amount, codec.ReasonInvalidEventTime: in.EventTime}[rej.Reason]
 		return invalid(path, rej.Detail)
 	}
-	if len(r.def.Filters) == 0 && len(r.def.Distincts) == 0 {
-		return refResult{tx: tx}
+	// Each re-keyed group's key: null, absent or empty is no key; a present
+	// key breaks the contract's entity-key rule or is kept.
+	keys := make([]string, len(r.def.Groups))
+	for i, g := range r.def.Groups {
+		k, _ := id(g.Key)
+		if k != "" && (len(k) > codec.MaxEntityIDBytes || !utf8.ValidString(k)) {
+			return invalid(g.Key, "bad key")
+		}
+		keys[i] = k
 	}
-	tx.Ext = make([]uint64, 1+len(r.def.Distincts))
-	for k, f := range r.def.Filters {
+	tx.Ext = r.ext(native, r.def.Filters, r.def.Distincts)
+	for i, g := range r.def.Groups {
+		gv := codec.GroupValues{Key: keys[i]}
+		if gv.Key != "" {
+			gv.Ext = r.ext(native, g.Filters, g.Distincts)
+		}
+		tx.Groups = append(tx.Groups, gv)
+	}
+	return refResult{tx: tx}
+}
+
+// ext is one group's words for native; nil without filters and distincts.
+func (r *refDecoder) ext(native any, filters []Filter, distincts []string) []uint64 {
+	if len(filters) == 0 && len(distincts) == 0 {
+		return nil
+	}
+	ext := make([]uint64, 1+len(distincts))
+	for k, f := range filters {
 		all := true
 		for _, pr := range f.Predicates {
 			all = all && r.holds(pr, r.get(native, pr.Field))
 		}
 		if all {
-			tx.Ext[0] |= 1 << k
+			ext[0] |= 1 << k
 		}
 	}
-	for j, path := range r.def.Distincts {
+	for j, path := range distincts {
 		v := r.get(native, path)
 		if v == nil {
 			continue
 		}
-		tx.Ext[0] |= 1 << (32 + j)
-		tx.Ext[1+j] = refHash(v)
+		ext[0] |= 1 << (32 + j)
+		ext[1+j] = refHash(v)
 	}
-	return refResult{tx: tx}
+	return ext
 }
 
 // codecField returns the logicalType of the field at path, read from the
