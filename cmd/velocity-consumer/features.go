@@ -4,10 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/definition"
 	"github.com/velocity-consumer/velocity-consumer/pkg/feature"
+	"github.com/velocity-consumer/velocity-consumer/pkg/pipeline"
+	"github.com/velocity-consumer/velocity-consumer/pkg/sink"
 	"github.com/velocity-consumer/velocity-consumer/schemas"
 )
 
@@ -20,6 +23,46 @@ type featureSet struct {
 	schema  string // the output record's Avro schema (feature.AvroSchema)
 	version string // the velocity.definition header: "<label>@<hash>" or "@<hash>"
 	compile func(writerSchema string) (codec.Decoder, error)
+	// groups are the definition's re-keyed groups (docs/repartition.md), in the
+	// order the decoder fills codec.Transaction.Groups.
+	groups []rekeyedGroup
+}
+
+// rekeyedGroup is one re-keyed group of a definition.
+type rekeyedGroup struct {
+	name   string
+	spec   *feature.Spec
+	schema string // its output record's Avro schema
+}
+
+// groupTopicTemplate is --group-topic's default: a re-keyed group's features go
+// to the output topic's name, a dot and the group's name.
+const groupTopicTemplate = "{output}.{group}"
+
+// groupTopic names group's output topic from --group-topic's template.
+func groupTopic(template, output, group string) (string, error) {
+	if !strings.Contains(template, "{group}") {
+		return "", fmt.Errorf("--group-topic (VELOCITY_GROUP_TOPIC) %q must contain {group}: every re-keyed group needs a topic of its own", template)
+	}
+	return strings.NewReplacer("{output}", output, "{group}", group).Replace(template), nil
+}
+
+// repartitionTopic is the repartition topic of a re-keyed group of a consumer
+// group's deployment.
+func repartitionTopic(consumerGroup, group string) string {
+	return sink.RepartitionTopicPrefix + consumerGroup + "-" + group
+}
+
+// hops is the first stage's view of the groups of a deployment.
+func (fs *featureSet) hops(consumerGroup string) []pipeline.HopGroup {
+	if fs == nil {
+		return nil
+	}
+	var hs []pipeline.HopGroup
+	for _, g := range fs.groups {
+		hs = append(hs, pipeline.HopGroup{Name: g.name, Topic: repartitionTopic(consumerGroup, g.name), Words: g.spec.Words()})
+	}
+	return hs
 }
 
 // loadFeatures reads and checks --features. writerSchema is --writer-schema's
@@ -50,10 +93,15 @@ func loadFeatures(path, writerSchema string, limits codec.Limits) (*featureSet, 
 			return nil, "", fmt.Errorf("--features %s: %w", path, err)
 		}
 	}
-	if fs.spec, err = definition.EngineSpec(def); err != nil {
+	specs, err := definition.EngineSpecs(def)
+	if err != nil {
 		return nil, "", fmt.Errorf("--features %s: %w", path, err)
 	}
+	fs.spec = specs[0].Spec
 	fs.schema = feature.AvroSchema(fs.spec)
+	for _, g := range specs[1:] {
+		fs.groups = append(fs.groups, rekeyedGroup{name: g.Name, spec: g.Spec, schema: feature.AvroSchema(g.Spec)})
+	}
 	fs.version = def.Version + "@" + def.Hash()
 	return fs, writerSchema, nil
 }

@@ -178,6 +178,7 @@ type pipelineFlags struct {
 	maxAhead        time.Duration
 	minEventTime    string
 	features        string
+	groupTopic      string
 }
 
 func (p *pipelineFlags) register(e *envFlags) {
@@ -194,6 +195,7 @@ func (p *pipelineFlags) register(e *envFlags) {
 	e.Duration(&p.maxAhead, "max-ahead", 24*time.Hour, "dead-letter events more than this far ahead of the partition's newest event time as invalid:event_time")
 	e.String(&p.minEventTime, "min-event-time", "2000-01-01T00:00:00Z", "dead-letter events before this RFC 3339 time as invalid:event_time")
 	e.String(&p.features, "features", "", "path to a feature definition (YAML or JSON, docs/features.md): the input's own schema mapped by field paths, its windows and features; the output is its generated flat record (without it: schemas/velocity_features.avsc over --windows)")
+	e.String(&p.groupTopic, "group-topic", groupTopicTemplate, "with re-keyed groups in --features: the output topic of each, {output} = the output topic's name, {group} = the group's (docs/repartition.md)")
 }
 
 func checkEntityTTL(ttl time.Duration, specs []window.Spec) error {
@@ -287,6 +289,14 @@ func (p *pipelineFlags) settings() (settings, error) {
 		s.specs = s.features.spec.Windows
 		if err := checkEntityTTL(p.entityTTL, s.specs); err != nil {
 			return s, err
+		}
+		for _, g := range s.features.groups {
+			if err := checkEntityTTL(p.entityTTL, g.spec.Windows); err != nil {
+				return s, fmt.Errorf("group %s: %w", g.name, err)
+			}
+		}
+		if len(s.features.groups) > 0 && s.late == pipeline.LateApply {
+			return s, errors.New("--late=apply cannot be used with re-keyed groups (groups: in --features): a late event counted at its input partition would reach the groups' second stages below what they have released; use --late=dlq")
 		}
 	}
 	return s, nil

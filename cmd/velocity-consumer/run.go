@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/velocity-consumer/velocity-consumer/internal/profiling"
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/kafkaconn"
 	"github.com/velocity-consumer/velocity-consumer/pkg/metrics"
 	"github.com/velocity-consumer/velocity-consumer/pkg/registry"
@@ -153,7 +154,51 @@ func (r *runFlags) serviceConfig() (service.Config, error) {
 	c.SessionTimeout = r.sessionTimeout
 	c.Host = host
 	c.Build = readBuildInfo().header()
+	if st.features != nil && len(st.features.groups) > 0 {
+		if r.pipe.idleTimeout <= 0 {
+			return c, errors.New("--idle-timeout 0 cannot be used with re-keyed groups (groups: in --features): an input partition that never receives a record would hold back every group's features forever (docs/repartition.md, the idle rule)")
+		}
+		c.Hops = st.features.hops(r.group)
+		for _, g := range st.features.groups {
+			if _, err := groupTopic(r.pipe.groupTopic, r.output, g.name); err != nil {
+				return c, err
+			}
+		}
+	}
 	return c, nil
+}
+
+// groupConfigs are the second stages of the definition's re-keyed groups: one
+// service each, consuming the group's repartition topic as a consumer group of
+// its own ("<group>.<name>"), publishing to the group's topic (--group-topic),
+// with the first stage's checkpoint store, connection and exactly-once setting.
+// prefixes are the groups' registered output schema prefixes (nil without a
+// registry).
+func (r *runFlags) groupConfigs(base service.Config, prefixes [][]byte) ([]service.Config, error) {
+	var cs []service.Config
+	for i, g := range r.features.groups {
+		topic, err := groupTopic(r.pipe.groupTopic, r.output, g.name)
+		if err != nil {
+			return nil, err
+		}
+		if topic == r.input || topic == r.dlq || topic == r.output {
+			return nil, fmt.Errorf("--group-topic %q gives group %s the topic %s, which is the input, output or dead-letter topic", r.pipe.groupTopic, g.name, topic)
+		}
+		c := base
+		c.Group = base.Group + "." + g.name
+		c.InputTopic = repartitionTopic(base.Group, g.name)
+		c.OutputTopic = topic
+		c.Features, c.Specs = g.spec, g.spec.Windows
+		c.Hops, c.Merge = nil, &service.MergeGroup{Name: g.name}
+		c.Decoder, c.WriterSchema = nil, ""
+		c.FeaturesValuePrefix = nil
+		if prefixes != nil {
+			c.FeaturesValuePrefix = prefixes[i]
+		}
+		c.Observe = nil
+		cs = append(cs, c)
+	}
+	return cs, nil
 }
 
 func cmdRun(ctx context.Context, args []string) error {
@@ -201,6 +246,17 @@ func cmdRun(ctx context.Context, args []string) error {
 		return err
 	}
 
+	var groupCfgs []service.Config
+	if len(cfg.Hops) > 0 {
+		prefixes, err := r.groupPrefixes(ctx, log)
+		if err != nil {
+			return err
+		}
+		if groupCfgs, err = r.groupConfigs(cfg, prefixes); err != nil {
+			return err
+		}
+	}
+
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
 	registerBuildInfo(reg)
@@ -208,8 +264,16 @@ func cmdRun(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	all := services{svc}
+	for _, gc := range groupCfgs {
+		gs, err := service.New(gc, log, m)
+		if err != nil {
+			return err
+		}
+		all = append(all, gs)
+	}
 	if r.metricsAddr != "" {
-		stop, err := serveHTTP(r.metricsAddr, reg, svc, log, r.pprof)
+		stop, err := serveHTTP(r.metricsAddr, reg, all, log, r.pprof)
 		if err != nil {
 			return err
 		}
@@ -222,7 +286,87 @@ func cmdRun(ctx context.Context, args []string) error {
 		}
 		defer stop()
 	}
-	return kafkaconn.Explain(svc.Run(ctx))
+	return kafkaconn.Explain(all.run(ctx))
+}
+
+// services are the services of one process: the input's and, with re-keyed
+// groups, each group's second stage. The process is ready and healthy when all
+// of them are; one that stops with an error stops the others.
+type services []*service.Service
+
+func (ss services) Ready() bool {
+	for _, s := range ss {
+		if !s.Ready() {
+			return false
+		}
+	}
+	return true
+}
+
+func (ss services) Healthy() error {
+	for _, s := range ss {
+		if err := s.Healthy(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// run runs every service until ctx ends or one of them stops, then stops the
+// others (each checkpoints its partitions on the way out) and returns the first
+// error.
+func (ss services) run(ctx context.Context) error {
+	if len(ss) == 1 {
+		return ss[0].Run(ctx)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, len(ss))
+	for _, s := range ss {
+		go func() {
+			err := s.Run(ctx)
+			cancel()
+			errs <- err
+		}()
+	}
+	var first error
+	for range ss {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// groupPrefixes registers each re-keyed group's output schema under its topic's
+// subject when a schema registry is configured, and returns the wire-format
+// prefixes (nil without a registry).
+func (r *runFlags) groupPrefixes(ctx context.Context, log *zap.Logger) ([][]byte, error) {
+	kc, err := r.conn.kafka()
+	if err != nil {
+		return nil, err
+	}
+	cl, err := r.conn.registryClient(kc)
+	if err != nil || cl == nil {
+		return nil, err
+	}
+	var prefixes [][]byte
+	for _, g := range r.features.groups {
+		topic, err := groupTopic(r.pipe.groupTopic, r.output, g.name)
+		if err != nil {
+			return nil, err
+		}
+		subject, err := r.conn.outputSubject(topic, g.schema)
+		if err != nil {
+			return nil, err
+		}
+		_, prefix, err := setupRegistry(ctx, cl, subject, g.schema, nil, codec.DefaultLimits(), log)
+		if err != nil {
+			return nil, fmt.Errorf("group %s: %w", g.name, err)
+		}
+		prefixes = append(prefixes, prefix)
+	}
+	return prefixes, nil
 }
 
 // useRegistry points cfg at the schema registry when --schema-registry is set:
@@ -255,7 +399,10 @@ func (r *runFlags) useRegistry(ctx context.Context, cfg *service.Config, log *za
 
 // serveHTTP serves /metrics, /healthz and /readyz (and with profiling,
 // /debug/pprof/) until stop is called.
-func serveHTTP(addr string, reg *prometheus.Registry, svc *service.Service, log *zap.Logger, profiling bool) (stop func(), err error) {
+func serveHTTP(addr string, reg *prometheus.Registry, svc interface {
+	Ready() bool
+	Healthy() error
+}, log *zap.Logger, profiling bool) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("--metrics-addr (VELOCITY_METRICS_ADDR) %s: %w", addr, err)

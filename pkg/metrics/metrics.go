@@ -14,14 +14,29 @@ import (
 
 // Metrics holds the service's collectors.
 type Metrics struct {
-	RecordsIn     *prometheus.CounterVec
-	Features      *prometheus.CounterVec
-	DeadLetters   *prometheus.CounterVec
-	LateApplied   *prometheus.CounterVec
-	KeyMismatch   *prometheus.CounterVec
-	ReorderBuffer *prometheus.GaugeVec
-	WatermarkLag  *prometheus.GaugeVec
-	Latency       prometheus.Histogram
+	RecordsIn   *prometheus.CounterVec
+	Features    *prometheus.CounterVec
+	DeadLetters *prometheus.CounterVec
+	LateApplied *prometheus.CounterVec
+	KeyMismatch *prometheus.CounterVec
+	// GroupKeyMissing counts, per re-keyed group, accepted records without a
+	// key for it (null, absent or empty): they count for the other groups only.
+	GroupKeyMissing *prometheus.CounterVec
+	// HopDuplicates counts, per re-keyed group, hop records its second stage
+	// received again (a producer retry, a restart from an older checkpoint, an
+	// old owner) and did not count twice; HopStaleIdle the idle markers it did
+	// not honour because they came from an old owner.
+	HopDuplicates *prometheus.CounterVec
+	HopStaleIdle  *prometheus.CounterVec
+	// GroupPartitions, GroupRestoring and GroupPaused are AssignedPartition,
+	// PartitionsRestoring and PausedPartitions of a re-keyed group's second
+	// stage, by group.
+	GroupPartitions *prometheus.GaugeVec
+	GroupRestoring  *prometheus.GaugeVec
+	GroupPaused     *prometheus.GaugeVec
+	ReorderBuffer   *prometheus.GaugeVec
+	WatermarkLag    *prometheus.GaugeVec
+	Latency         prometheus.Histogram
 	// AddedLatency is, per batch, the time from the poll that fetched it to
 	// the moment its last output was handed to the producer: what the service
 	// itself adds, without the reorder wait or the broker's acknowledgement.
@@ -101,6 +116,24 @@ func New(reg prometheus.Registerer) *Metrics {
 		KeyMismatch: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "velocity_key_mismatch_total", Help: "Input records whose key is not their entity_id (null keys included), by partition: the entity may be split across partitions.",
 		}, part),
+		GroupKeyMissing: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "velocity_group_key_missing_total", Help: "Accepted records without a key for a re-keyed group (null, absent or empty), by group: counted for the other groups only.",
+		}, []string{"group"}),
+		HopDuplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "velocity_hop_duplicates_total", Help: "Hop records a re-keyed group's second stage received again (retry, restart, old owner) and did not count twice, by group.",
+		}, []string{"group"}),
+		HopStaleIdle: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "velocity_hop_stale_idle_markers_total", Help: "Idle markers from an old owner of an input partition that a re-keyed group's second stage did not honour, by group.",
+		}, []string{"group"}),
+		GroupPartitions: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "velocity_group_assigned_partitions", Help: "Repartition partitions this instance computes a re-keyed group for, by group.",
+		}, []string{"group"}),
+		GroupRestoring: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "velocity_group_partitions_restoring", Help: "Repartition partitions of a re-keyed group being taken over right now, by group.",
+		}, []string{"group"}),
+		GroupPaused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "velocity_group_paused_partitions", Help: "Repartition partitions of a re-keyed group paused for backpressure, by group.",
+		}, []string{"group"}),
 		ReorderBuffer: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "velocity_reorder_buffer_events", Help: "Events waiting in the reorder buffer, by partition.",
 		}, part),
@@ -191,6 +224,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(
 		m.RecordsIn, m.Features, m.DeadLetters, m.LateApplied, m.KeyMismatch, m.ReorderBuffer, m.WatermarkLag,
+		m.GroupKeyMissing, m.HopDuplicates, m.HopStaleIdle, m.GroupPartitions, m.GroupRestoring, m.GroupPaused,
 		m.Latency, m.AddedLatency, m.Entities, m.EntitiesEvicted, m.DedupeIDs, m.DedupeEvicted, m.CheckpointSeconds, m.CheckpointPause, m.CheckpointBytes, m.CheckpointWritten,
 		m.CheckpointErrors, m.SnapshotFallbacks, m.SnapshotStepBacks, m.TxnPartitionsLost, m.TakeoversInterrupted, m.CommitErrors, m.ProduceErrors,
 		m.PausedPartitions, m.ConsumerLag, m.AssignedPartition,
@@ -206,8 +240,8 @@ func Partition(p int32) string { return strconv.Itoa(int(p)) }
 
 // ForgetPartition removes a partition's series when it is revoked, so a
 // rebalanced-away partition does not keep reporting stale gauges.
-func (m *Metrics) ForgetPartition(p int32) {
-	l := prometheus.Labels{"partition": Partition(p)}
+func (m *Metrics) ForgetPartition(label string) {
+	l := prometheus.Labels{"partition": label}
 	m.ReorderBuffer.Delete(l)
 	m.WatermarkLag.Delete(l)
 	m.Entities.Delete(l)

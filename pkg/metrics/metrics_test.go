@@ -67,7 +67,7 @@ func TestForgetPartition(t *testing.T) {
 	m := New(prometheus.NewRegistry())
 	m.ReorderBuffer.WithLabelValues("3").Set(5)
 	m.ReorderBuffer.WithLabelValues("4").Set(6)
-	m.ForgetPartition(3)
+	m.ForgetPartition("3")
 	if n := testutil.CollectAndCount(m.ReorderBuffer); n != 1 {
 		t.Fatalf("%d reorder-buffer series after forgetting partition 3, want 1", n)
 	}

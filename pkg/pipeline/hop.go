@@ -330,3 +330,7 @@ func (p *Processor) deadMerged(e *repartition.Event, reason codec.Reason, detail
 	p.stats.Dead++
 	emit(&p.out)
 }
+
+// Quiet reports the idle rule's verdict on this partition's input as a first stage
+// tells its second stages (watermark.Stage.Quiet).
+func (p *Processor) Quiet() bool { return p.stage.Quiet() }

@@ -327,7 +327,12 @@ func (p *Processor) Stats() Stats { return p.stats }
 func (p *Processor) Pressure() bool { return p.stage.Pressure() }
 
 // Pending is the number of events waiting in the reorder buffer.
-func (p *Processor) Pending() int { return p.stage.Pending() }
+func (p *Processor) Pending() int {
+	if p.merge != nil {
+		return p.merge.m.Pending() // a second stage holds events in its Merger
+	}
+	return p.stage.Pending()
+}
 
 // Entities is the number of entities in the window table.
 func (p *Processor) Entities() int { return p.table.Len() }
@@ -344,7 +349,14 @@ func (p *Processor) DedupeIDs() int { return p.stage.DedupeIDs() }
 func (p *Processor) DedupeCapEvictions() uint64 { return p.stage.DedupeCapEvictions() }
 
 // Watermark returns the partition's watermark (ok=false before any accepted event).
-func (p *Processor) Watermark() (int64, bool) { return p.stage.Watermark() }
+// A second stage's is its Merger's released frontier.
+func (p *Processor) Watermark() (int64, bool) {
+	if p.merge != nil {
+		f := p.merge.m.Frontier()
+		return f, f != repartition.NoWatermark
+	}
+	return p.stage.Watermark()
+}
 
 // MaxSeen returns the largest accepted event time.
 func (p *Processor) MaxSeen() (int64, bool) { return p.stage.MaxSeen() }

@@ -75,6 +75,14 @@ func (k *KafkaSink) EnsureTopic(ctx context.Context, flag, topic, likeTopic stri
 	return err
 }
 
+// Sibling returns a sink for another features topic (a re-keyed group's) that
+// shares k's producer, build and definition and has its own features prefix, its
+// own tracker and no dead-letter topic. Commit and Abort it like any sink; Close
+// only closes k.
+func (k *KafkaSink) Sibling(featuresTopic string) *KafkaSink {
+	return &KafkaSink{prod: k.prod, host: k.host, build: k.build, definition: k.definition, featuresTopic: featuresTopic}
+}
+
 // SetFeaturesTopic names the topic for features records.
 func (k *KafkaSink) SetFeaturesTopic(t string) { k.featuresTopic = t }
 
@@ -100,6 +108,7 @@ func (k *KafkaSink) Write(o *pipeline.Output) error {
 		k.tr.Dead(sink.DeadLetter{
 			Key: o.Key, Value: o.Value, Reason: o.Reason, Err: o.Err,
 			SourceTopic: o.SourceTopic, SourcePartition: o.SourcePartition, SourceOffset: o.SourceOffset,
+			Group: o.Group,
 		})
 	} else {
 		if k.featuresTopic == "" {

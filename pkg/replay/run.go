@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+	"github.com/velocity-consumer/velocity-consumer/pkg/feature"
 	"github.com/velocity-consumer/velocity-consumer/pkg/pipeline"
 )
 
@@ -48,6 +49,29 @@ type Config struct {
 	MaxPrepareWait time.Duration
 	// OnPrepareRetry, if set, is told about every failed Prepare (for a log line).
 	OnPrepareRetry func(partition int32, offset int64, attempt int, err error)
+	// Groups are a definition's re-keyed groups (docs/repartition.md), in the
+	// order its Decoder fills codec.Transaction.Groups. Each is computed as
+	// 'run' computes it, re-keyed in memory: every partition's processor is
+	// their first stage, and one second stage per repartition partition merges
+	// what all of them sent it. The second stages hear that every source ended
+	// once the last partition is done, so they release everything then.
+	Groups []Group
+}
+
+// Group is one re-keyed group of a replay.
+type Group struct {
+	Name     string
+	Spec     *feature.Spec
+	Features Sink // its features records; its dead letters go to Config.Dead
+}
+
+// GroupResult counts what a replay did for one re-keyed group: one features
+// record or one dead letter per record the input partitions accepted with the
+// group's key; KeyMissing were accepted without one.
+type GroupResult struct {
+	Name                     string
+	Features, Dead           int64
+	KeyMissing, HopDuplicate uint64
 }
 
 // Result counts what a replay did. Every input record yields exactly one
@@ -65,6 +89,9 @@ type Result struct {
 	// KeyMismatch is how many records' key was not their entity_id (null
 	// included), warm-up included: the input may split entities over partitions.
 	KeyMismatch uint64
+	// Groups are the re-keyed groups' counts, in Config.Groups' order. Their
+	// dead letters are in Dead and ByReason too.
+	Groups []GroupResult
 }
 
 // Reasons returns the dead-letter reasons in a stable order, for reports.
@@ -84,19 +111,28 @@ func Run(ctx context.Context, src Source, cfg Config) (Result, error) {
 	if prog == nil {
 		prog = new(Progress)
 	}
+	st, err := newStages(src, &cfg, prog, &res)
+	if err != nil {
+		return res, err
+	}
 	for _, p := range src.Partitions() {
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		if err := runPartition(ctx, src, p, cfg, prog, &res); err != nil {
+		if err := runPartition(ctx, src, p, cfg, prog, &res, st); err != nil {
 			return res, err
 		}
 		res.Partitions = append(res.Partitions, p)
 	}
+	if st != nil {
+		if err := st.end(); err != nil {
+			return res, err
+		}
+	}
 	return res, nil
 }
 
-func runPartition(ctx context.Context, src Source, p int32, cfg Config, prog *Progress, res *Result) error {
+func runPartition(ctx context.Context, src Source, p int32, cfg Config, prog *Progress, res *Result, st *secondStages) error {
 	pc := cfg.Pipeline
 	pc.Topic, pc.Partition = src.Topic(), p
 	pc.Watermark.IdleTimeout = 0
@@ -113,6 +149,13 @@ func runPartition(ctx context.Context, src Source, p int32, cfg Config, prog *Pr
 	)
 	emit := func(o *pipeline.Output) {
 		if sinkErr != nil {
+			return
+		}
+		if o.Hop {
+			// A warm-up record's hop goes through too: it builds the group's
+			// state as it built this partition's; the second stage drops its
+			// outputs by the same rule (secondStages.warmTo).
+			sinkErr = st.hop(o)
 			return
 		}
 		if o.SourceOffset <= warmTo {
@@ -148,6 +191,9 @@ func runPartition(ctx context.Context, src Source, p int32, cfg Config, prog *Pr
 		if r.WarmUp {
 			res.WarmUp++
 			warmTo = r.Offset
+			if st != nil {
+				st.warmTo[p] = r.Offset
+			}
 		} else {
 			res.Records++
 			prog.Records.Add(1)
@@ -184,6 +230,9 @@ func runPartition(ctx context.Context, src Source, p int32, cfg Config, prog *Pr
 	proc.Flush(emit)
 	res.CapEvicted += proc.CapEvictions()
 	res.KeyMismatch += proc.Stats().KeyMismatch
+	for g, n := range proc.KeyMissing() {
+		res.Groups[g].KeyMissing += n
+	}
 	if sinkErr != nil {
 		return fmt.Errorf("replay partition %d: %w", p, sinkErr)
 	}

@@ -138,6 +138,7 @@ type TopicSource struct {
 	ranges map[int32]Range
 	parts  []int32
 	total  int64
+	count  int32 // the topic's partitions, replayed or not
 }
 
 // OpenTopic resolves cfg's bounds to offsets once, up front, so the range is
@@ -201,7 +202,7 @@ func OpenTopic(ctx context.Context, cfg TopicConfig) (*TopicSource, error) {
 			return nil, err
 		}
 	}
-	s := &TopicSource{cfg: cfg, ranges: map[int32]Range{}}
+	s := &TopicSource{cfg: cfg, ranges: map[int32]Range{}, count: int32(len(starts[cfg.Topic]))}
 	if len(starts[cfg.Topic]) == 0 {
 		return nil, fmt.Errorf("topic %s has no partitions (does it exist?)", cfg.Topic)
 	}
@@ -241,6 +242,10 @@ func (s *TopicSource) Topic() string { return s.cfg.Topic }
 
 // Partitions implements Source.
 func (s *TopicSource) Partitions() []int32 { return s.parts }
+
+// PartitionCount is how many partitions the topic has, replayed or not: the
+// repartition partition count of a re-keyed group, as the live service has it.
+func (s *TopicSource) PartitionCount() int32 { return s.count }
 
 // Range returns partition p's resolved range.
 func (s *TopicSource) Range(p int32) Range { return s.ranges[p] }

@@ -30,6 +30,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -117,6 +118,17 @@ type Config struct {
 	Features   *feature.Spec
 	Definition string
 
+	// Hops are the definition's re-keyed groups, in the order the Decoder fills
+	// codec.Transaction.Groups: each partition is their first stage and
+	// publishes their hop records to Topic (docs/repartition.md), which Run
+	// creates with the input topic's partition count.
+	Hops []pipeline.HopGroup
+	// Merge, if set, makes this service the second stage of the re-keyed group
+	// it names: InputTopic is that group's repartition topic, Features its
+	// features, and every partition merges what all the input partitions sent
+	// it. Decoder and WriterSchema are not used.
+	Merge *MergeGroup
+
 	// Decoder, if set, decodes input values instead of the one built from
 	// WriterSchema: the schema-registry decoder of pkg/registry. If it also
 	// implements codec.Preparer, each partition prepares every record before
@@ -138,6 +150,11 @@ type Config struct {
 	Observe func(*pipeline.Output)
 }
 
+// MergeGroup names the re-keyed group a second-stage service computes.
+type MergeGroup struct {
+	Name string
+}
+
 func (c *Config) defaults() error {
 	if len(c.Brokers) == 0 {
 		return errors.New("service: no brokers")
@@ -149,6 +166,12 @@ func (c *Config) defaults() error {
 	}
 	if c.Store == nil {
 		return errors.New("service: a checkpoint store is required")
+	}
+	if (len(c.Hops) > 0 || c.Merge != nil) && c.Features == nil {
+		return errors.New("service: re-keyed groups need a feature definition")
+	}
+	if c.Merge != nil && len(c.Hops) > 0 {
+		return errors.New("service: a second stage feeds no further groups")
 	}
 	if c.CheckpointInterval <= 0 {
 		c.CheckpointInterval = 5 * time.Second
@@ -219,8 +242,16 @@ type Service struct {
 	// inputTopicID is the input topic's id for exactly-once offset commits
 	// (under mu; refreshInputTopicID).
 	inputTopicID [16]byte
+	// inputPartitions is the input topic's partition count (checkTopics): the
+	// repartition topics' count and, for a second stage, its sources.
+	inputPartitions int32
 
 	queryState // the query API's reads (query.go)
+
+	// gauges are the instance-wide partition gauges this service sets: the
+	// input's, or a second stage's own series (by group), so that the services
+	// of one process do not overwrite each other's.
+	gauges struct{ assigned, restoring, paused prometheus.Gauge }
 
 	ready atomic.Bool
 	// restoring counts takeovers in progress (assigned, reacquireLost).
@@ -236,14 +267,22 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Service, error) {
 		return nil, err
 	}
 	dec := cfg.Decoder
-	if dec == nil {
+	if dec == nil && cfg.Merge == nil { // a second stage reads hop records, not transactions
 		var err error
 		if dec, err = codec.NewDecoder(cfg.WriterSchema, cfg.Limits); err != nil {
 			return nil, fmt.Errorf("service: writer schema: %w", err)
 		}
 	}
-	return &Service{cfg: cfg, log: log, m: m, dec: dec, workers: make(map[int32]*worker), txnLost: make(map[int32]time.Time),
-		setUp: make(chan struct{}), roundWait: defaultRoundWait}, nil
+	s := &Service{cfg: cfg, log: log, m: m, dec: dec, workers: make(map[int32]*worker), txnLost: make(map[int32]time.Time),
+		setUp: make(chan struct{}), roundWait: defaultRoundWait}
+	s.gauges.assigned, s.gauges.restoring, s.gauges.paused = m.AssignedPartition, m.PartitionsRestoring, m.PausedPartitions
+	if g := cfg.Merge; g != nil {
+		s.log = log.With(zap.String("rekeyed_group", g.Name))
+		s.gauges.assigned = m.GroupPartitions.WithLabelValues(g.Name)
+		s.gauges.restoring = m.GroupRestoring.WithLabelValues(g.Name)
+		s.gauges.paused = m.GroupPaused.WithLabelValues(g.Name)
+	}
+	return s, nil
 }
 
 // Ready reports whether the service serves its partitions: it reached the
@@ -574,7 +613,7 @@ func (s *Service) applyBackpressure() {
 	if len(resume) > 0 {
 		s.cons.ResumeFetchPartitions(map[string][]int32{s.cfg.InputTopic: resume})
 	}
-	s.m.PausedPartitions.Set(float64(n))
+	s.gauges.paused.Set(float64(n))
 }
 
 func (s *Service) key(p int32) checkpoint.Key {
@@ -588,11 +627,29 @@ func (s *Service) processorConfig(p int32) pipeline.Config {
 		// horizon) times instead of in every snapshot (watermark/segments.go).
 		wm.Segments = partitionSegments{store: ss, key: s.key(p)}
 	}
-	return pipeline.Config{
+	cfg := pipeline.Config{
 		Topic: s.cfg.InputTopic, Partition: p,
 		Specs: s.cfg.Specs, Window: s.cfg.Window, Watermark: wm,
 		Late: s.cfg.Late, Decoder: s.dec, Features: s.cfg.Features,
 	}
+	if len(s.cfg.Hops) > 0 {
+		cfg.Hops = &pipeline.HopConfig{Groups: s.cfg.Hops, Partitions: s.inputPartitions}
+	}
+	if s.cfg.Merge != nil {
+		cfg.Merge = &pipeline.MergeConfig{Group: s.cfg.Merge.Name, Sources: int(s.inputPartitions)}
+		cfg.Late = pipeline.LateDLQ // the first stages decided lateness
+	}
+	return cfg
+}
+
+// partitionLabel is partition p's value of the metrics' partition label: the
+// number, and for a second stage "<group>:<number>", so that a process running
+// both stages keeps their series apart.
+func (s *Service) partitionLabel(p int32) string {
+	if s.cfg.Merge != nil {
+		return s.cfg.Merge.Name + ":" + metrics.Partition(p)
+	}
+	return metrics.Partition(p)
 }
 
 // partitionSegments binds a segment store to one partition for pkg/watermark.
@@ -626,9 +683,9 @@ func (s *Service) assigned(ctx context.Context, offsets map[string]map[int32]kgo
 	parts := offsets[s.cfg.InputTopic]
 	var acquired []int32
 	s.restoring.Add(int32(len(parts)))
-	s.m.PartitionsRestoring.Set(float64(s.restoring.Load()))
+	s.gauges.restoring.Set(float64(s.restoring.Load()))
 	defer func() {
-		s.m.PartitionsRestoring.Set(float64(s.restoring.Add(-int32(len(parts)))))
+		s.gauges.restoring.Set(float64(s.restoring.Add(-int32(len(parts)))))
 	}()
 	for p, o := range parts {
 		next, err := s.acquireRetrying(ctx, p, o.EpochOffset().Offset)
@@ -657,7 +714,7 @@ func (s *Service) assigned(ctx context.Context, offsets map[string]map[int32]kgo
 		// franz-go; its new worker starts unpaused.
 		s.cons.ResumeFetchPartitions(map[string][]int32{s.cfg.InputTopic: {p}})
 	}
-	s.m.AssignedPartition.Set(float64(s.numWorkers()))
+	s.gauges.assigned.Set(float64(s.numWorkers()))
 	return offsets, nil
 }
 
@@ -776,7 +833,7 @@ func (s *Service) checkRetention(ctx context.Context, p int32, resume int64) err
 		return fmt.Errorf("partition %d: read the log start offset: %w", p, err)
 	}
 	if start > resume {
-		s.m.OffsetsSkipped.WithLabelValues(metrics.Partition(p)).Add(float64(start - resume))
+		s.m.OffsetsSkipped.WithLabelValues(s.partitionLabel(p)).Add(float64(start - resume))
 		s.log.Error("input records were deleted by retention before they were processed: the features never count them",
 			zap.Int32("partition", p), zap.Int64("first_skipped", resume), zap.Int64("last_skipped", start-1),
 			zap.Int64("skipped", start-resume), zap.Int64("log_start", start))
@@ -840,7 +897,7 @@ func (s *Service) reacquireLost(ctx context.Context) {
 		s.cons.SetOffsets(map[string]map[int32]kgo.EpochOffset{s.cfg.InputTopic: {p: {Epoch: -1, Offset: next}}})
 		s.cons.ResumeFetchPartitions(map[string][]int32{s.cfg.InputTopic: {p}})
 	}
-	s.m.AssignedPartition.Set(float64(s.numWorkers()))
+	s.gauges.assigned.Set(float64(s.numWorkers()))
 }
 
 // ownedByUs is the input partitions the group coordinator assigns to this
@@ -1036,8 +1093,17 @@ func (s *Service) checkTopics(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	created, err := sink.EnsureTopics(ctx, s.adm, partitions,
-		sink.OutputTopic{Flag: "--output-topic", Name: s.cfg.OutputTopic}, sink.OutputTopic{Flag: "--dlq-topic", Name: s.cfg.DLQTopic})
+	s.mu.Lock()
+	s.inputPartitions = partitions
+	s.mu.Unlock()
+	topics := []sink.OutputTopic{{Flag: "--output-topic", Name: s.cfg.OutputTopic}, {Flag: "--dlq-topic", Name: s.cfg.DLQTopic}}
+	for _, g := range s.cfg.Hops {
+		topics = append(topics, sink.OutputTopic{Flag: "the repartition topic of group " + g.Name, Name: g.Topic, Exact: true})
+	}
+	if s.cfg.Merge != nil {
+		topics[0].Flag = "the output topic of group " + s.cfg.Merge.Name + " (--group-topic)"
+	}
+	created, err := sink.EnsureTopics(ctx, s.adm, partitions, topics...)
 	for _, t := range created {
 		s.log.Info("created missing topic", zap.String("topic", t), zap.Int32("partitions", partitions))
 	}
@@ -1135,10 +1201,10 @@ func (s *Service) stopPartitions(parts []int32, commit bool) {
 	}
 	for _, w := range ws {
 		<-w.done
-		s.m.ForgetPartition(w.part)
+		s.m.ForgetPartition(w.label)
 		s.log.Info("partition released", zap.Int32("partition", w.part), zap.Bool("checkpointed", commit), zap.Int64("next", w.proc.Next()))
 	}
-	s.m.AssignedPartition.Set(float64(s.numWorkers()))
+	s.gauges.assigned.Set(float64(s.numWorkers()))
 }
 
 func (s *Service) stopAll(commit bool) {

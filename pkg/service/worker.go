@@ -16,7 +16,6 @@ import (
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
-	"github.com/velocity-consumer/velocity-consumer/pkg/metrics"
 	"github.com/velocity-consumer/velocity-consumer/pkg/pipeline"
 	"github.com/velocity-consumer/velocity-consumer/pkg/sink"
 )
@@ -59,6 +58,9 @@ type worker struct {
 	// fetchPaused is whether the poll loop paused fetching for us (poll loop only).
 	fetchPaused bool
 	emitFn      func(*pipeline.Output)
+	// hwm is the partition's high watermark as the last fetch reported it (-1:
+	// none yet).
+	hwm int64
 
 	// held are records waiting for the decoder's Prepare (the schema registry
 	// was unreachable): the first could not be prepared, the rest arrived
@@ -99,7 +101,11 @@ type worker struct {
 	bgBusy    bool
 	bgDone    chan bgResult
 	lastStats pipeline.Stats
-	lastCap   uint64
+	// lastKeyMissing and lastMerge are the re-keyed groups' counts at the last
+	// gauge update (updateGroupCounters).
+	lastKeyMissing []uint64
+	lastMerge      pipeline.MergeStats
+	lastCap        uint64
 	// lastDedupeCap is the processor's count of ids the --max-dedupe-ids cap
 	// made it forget, at the last gauge update; dedupeWarned is the last
 	// warning about them (at most one per keyWarnEvery).
@@ -119,9 +125,10 @@ type worker struct {
 }
 
 func (s *Service) startWorker(p int32, proc *pipeline.Processor, txn *kgo.Client, epoch uint64, committed, idleFlushAt int64) *worker {
-	label := metrics.Partition(p)
+	label := s.partitionLabel(p)
+	proc.SetOwnerEpoch(epoch)
 	w := &worker{
-		s: s, part: p, label: label, proc: proc, txn: txn, epoch: epoch, idleFlushAt: idleFlushAt,
+		s: s, part: p, label: label, proc: proc, txn: txn, epoch: epoch, idleFlushAt: idleFlushAt, hwm: -1,
 		in:          make(chan batch, 4),
 		quit:        make(chan bool, 1),
 		done:        make(chan struct{}),
@@ -195,6 +202,10 @@ func (w *worker) run() {
 				if pending > 0 && w.proc.Pending() == 0 {
 					w.idleFlushAt = w.proc.Next() // Tick releases only everything, on idle
 				}
+				// A re-keyed group's first stage: its watermark to the second
+				// stages, and the idle verdict only once everything the fetches
+				// reported is read, so that a slow fetch is not a quiet input.
+				w.proc.HopMarkers(w.proc.Quiet() && (w.hwm < 0 || w.proc.Next() >= w.hwm), w.emitFn)
 				w.updatePressure()
 			}
 			if time.Since(lastCheckpoint) >= w.s.cfg.CheckpointInterval && !w.bgBusy {
@@ -331,9 +342,9 @@ func (w *worker) leaveLost(err error) {
 			s.wakePoll() // so that the poll loop starts counting the grace period
 		}
 	}
-	s.m.AssignedPartition.Set(float64(len(s.workers)))
+	s.gauges.assigned.Set(float64(len(s.workers)))
 	s.mu.Unlock()
-	s.m.ForgetPartition(w.part)
+	s.m.ForgetPartition(w.label)
 	w.drainQuit()
 }
 
@@ -394,6 +405,7 @@ func (w *worker) process(b batch) {
 	w.dirty = w.dirty || len(records) > 0
 	w.recordsIn.Add(float64(len(records)))
 	if b.hwm >= 0 {
+		w.hwm = b.hwm
 		w.s.m.ConsumerLag.WithLabelValues(w.label).Set(float64(max(b.hwm-w.proc.Next(), 0)))
 	}
 	w.updatePressure()
@@ -464,11 +476,14 @@ func (w *worker) retryHeld() {
 }
 
 func (w *worker) emit(o *pipeline.Output) {
-	if o.Dead {
+	if o.Hop {
+		w.tracker.Hop(o.Topic, o.Partition, o.Key, o.Value)
+	} else if o.Dead {
 		w.s.m.DeadLetters.WithLabelValues(string(o.Reason)).Inc()
 		w.tracker.Dead(sink.DeadLetter{
 			Key: o.Key, Value: o.Value, Reason: o.Reason, Err: o.Err,
 			SourceTopic: o.SourceTopic, SourcePartition: o.SourcePartition, SourceOffset: o.SourceOffset,
+			Group: o.Group,
 		})
 	} else {
 		w.features.Inc()
@@ -521,6 +536,35 @@ func (w *worker) updateGauges() {
 		w.lastCap = c
 	}
 	w.lastStats = st
+	w.updateGroupCounters()
+}
+
+// updateGroupCounters adds what the processor counted for re-keyed groups since
+// the last update: records without a group's key (a first stage), and re-sent hop
+// records and stale idle markers (a second stage).
+func (w *worker) updateGroupCounters() {
+	m := w.s.m
+	if miss := w.proc.KeyMissing(); miss != nil {
+		if w.lastKeyMissing == nil {
+			w.lastKeyMissing = make([]uint64, len(miss))
+		}
+		for g, n := range miss {
+			if d := n - w.lastKeyMissing[g]; d > 0 {
+				m.GroupKeyMissing.WithLabelValues(w.s.cfg.Hops[g].Name).Add(float64(d))
+			}
+			w.lastKeyMissing[g] = n
+		}
+	}
+	if g := w.s.cfg.Merge; g != nil {
+		ms := w.proc.MergeStats()
+		if d := ms.Duplicates - w.lastMerge.Duplicates; d > 0 {
+			m.HopDuplicates.WithLabelValues(g.Name).Add(float64(d))
+		}
+		if d := ms.StaleIdle - w.lastMerge.StaleIdle; d > 0 {
+			m.HopStaleIdle.WithLabelValues(g.Name).Add(float64(d))
+		}
+		w.lastMerge = ms
+	}
 }
 
 // The checkpointer. One protocol, per partition, whichever schedule runs it:
