@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/linkedin/goavro/v2"
+
+	"github.com/velocity-consumer/velocity-consumer/pkg/repartition"
 )
 
 const referenceScript = "../../integration/reference/features_reference.py"
@@ -275,5 +277,153 @@ func TestCompareGroup(t *testing.T) {
 				t.Fatalf("mismatches %q, want %q", errs, tc.wantErr)
 			}
 		})
+	}
+}
+
+// TestPaymentStream holds the generator to the shape its comment promises and
+// runs the reference over it with testdata/payment_groups.yaml: every dead
+// letter reason, keys missing for each group, ties across partitions, one event
+// id counted on two partitions, and keys beyond max_exact in both groups.
+func TestPaymentStream(t *testing.T) {
+	cfg := PaymentStreamConfig{Seed: 5}
+	s := PaymentStream(cfg)
+	if again := PaymentStream(cfg); !reflect.DeepEqual(s, again) {
+		t.Fatal("the same config gave another stream")
+	}
+	if other := PaymentStream(PaymentStreamConfig{Seed: 6}); reflect.DeepEqual(s.Parts, other.Parts) {
+		t.Fatal("another seed gave the same stream")
+	}
+	if s.Len() != 6000 || len(s.Parts) != 3 {
+		t.Fatalf("%d records on %d partitions, want 6000 on 3", s.Len(), len(s.Parts))
+	}
+	str := func(v any) (string, bool) { // a ["null","string"] value
+		if v == nil {
+			return "", false
+		}
+		return v.(map[string]any)["string"].(string), true
+	}
+	cards, hotCards := map[string]bool{}, map[string]bool{}
+	var hotIP, nullDev, emptyDev, nullIP, emptyIP, thousandths int
+	idParts := map[string]map[int]int{}
+	for p, recs := range s.Parts {
+		if len(recs) < 1000 {
+			t.Errorf("partition %d has %d records", p, len(recs))
+		}
+		for i, r := range recs {
+			card := r["card"].(map[string]any)["id"].(string)
+			if card != "" && s.Keys[p][i] != card {
+				t.Fatalf("partition %d offset %d: key %q for card %q", p, i, s.Keys[p][i], card)
+			}
+			cards[card] = true
+			switch d, ok := str(r["device_id"]); {
+			case !ok:
+				nullDev++
+			case d == "":
+				emptyDev++
+			case d == HotDevice:
+				hotCards[card] = true
+			}
+			switch ip, ok := str(r["ip"]); {
+			case !ok:
+				nullIP++
+			case ip == "":
+				emptyIP++
+			case ip == HotIP:
+				hotIP++
+			}
+			if m := new(big.Rat).Mul(r["amount"].(*big.Rat), big.NewRat(100, 1)); !m.IsInt() {
+				thousandths++
+			}
+			id := r["txn_id"].(string)
+			if idParts[id] == nil {
+				idParts[id] = map[int]int{}
+			}
+			idParts[id][p]++
+		}
+	}
+	for key, p := range s.Keys {
+		for i, k := range p {
+			if k != "" {
+				if got := int(repartition.PartitionFor(k, int32(len(s.Parts)))); got != key {
+					t.Fatalf("record %d of partition %d: card %q belongs to partition %d", i, key, k, got)
+				}
+			}
+		}
+	}
+	n := float64(s.Len())
+	if share := float64(len(hotCards)) / float64(len(cards)); share < 0.22 || share > 0.38 {
+		t.Errorf("%s is used by %.2f of the cards, want about 0.3", HotDevice, share)
+	}
+	if share := float64(hotIP) / n; share < 0.15 || share > 0.25 {
+		t.Errorf("%s carries %.2f of the records, want about 0.2", HotIP, share)
+	}
+	sameOnPartition, acrossPartitions := 0, 0
+	for _, ps := range idParts {
+		if len(ps) > 1 {
+			acrossPartitions++
+		}
+		for _, c := range ps {
+			if c > 1 {
+				sameOnPartition++
+			}
+		}
+	}
+	for name, c := range map[string]int{"null device_id": nullDev, "empty device_id": emptyDev, "null ip": nullIP, "empty ip": emptyIP,
+		"amount with a thousandth": thousandths, "id repeated on a partition": sameOnPartition, "id on two partitions": acrossPartitions} {
+		if c < 10 {
+			t.Errorf("%d records with %s", c, name)
+		}
+	}
+	t.Logf("%d cards, %d on %s; %.3f of records on %s; device null %d empty %d; ip null %d empty %d; %d ids repeated on a partition, %d on two",
+		len(cards), len(hotCards), HotDevice, float64(hotIP)/n, HotIP, nullDev, emptyDev, nullIP, emptyIP, sameOnPartition, acrossPartitions)
+
+	RequireReference(t)
+	ref := RunGroupReference(t, referenceScript, PaymentGroupsFile, writePartitions(t, s.Parts), 5*time.Second, "payments")
+	for _, r := range []string{"duplicate", "late", "invalid:amount", "invalid:txn_id", "invalid:card.id", "invalid:ts", "invalid:device_id", "invalid:ip"} {
+		if ref.Dead[r] == 0 {
+			t.Errorf("no %s dead letter: the stream does not exercise it", r)
+		}
+	}
+	t.Logf("dead letters %v", ref.Dead)
+	for _, g := range []struct {
+		name, hot, distinct string
+	}{{"device", HotDevice, "distinct_cards"}, {"ip", HotIP, "cards"}} {
+		sum := ref.Groups[g.name]
+		rows := ref.Rows[g.name]
+		if sum.NoKey < 100 || len(rows) != sum.Rows || sum.Rows < 3000 {
+			t.Errorf("group %s: %+v, %d rows", g.name, sum, len(rows))
+		}
+		parts, over, ties := map[int32]bool{}, 0, 0
+		seen := map[[2]any]int32{} // (key, time) -> partition of a row
+		for src, l := range rows {
+			parts[src.Partition] = true
+			if l.Features["entity_id"] == g.hot && l.Over[g.distinct] {
+				over++
+			}
+			k := [2]any{l.Features["entity_id"], l.Features["event_time"]}
+			if p, ok := seen[k]; ok && p != src.Partition {
+				ties++
+			}
+			seen[k] = src.Partition
+		}
+		if len(parts) != 3 || over == 0 || ties == 0 {
+			t.Errorf("group %s: rows from partitions %v, %d rows of %s beyond max_exact, %d ties across partitions", g.name, parts, over, g.hot, ties)
+		}
+		t.Logf("group %s: %d rows, %d without a key, %d rows of %s beyond max_exact, %d same-key same-time ties across partitions", g.name, sum.Rows, sum.NoKey, over, g.hot, ties)
+	}
+	twice := 0
+	byID := map[string]map[int32]bool{}
+	for src, l := range ref.Rows[ref.InPlace] {
+		id := l.Features["event_id"].(string)
+		if byID[id] == nil {
+			byID[id] = map[int32]bool{}
+		}
+		byID[id][src.Partition] = true
+		if len(byID[id]) == 2 {
+			twice++
+		}
+	}
+	if twice == 0 {
+		t.Error("no event id is counted on two partitions")
 	}
 }

@@ -68,7 +68,7 @@ type PaymentStreamConfig struct {
 	HotDeviceShare float64       // share of cards whose home device is dev-hot (default 0.3)
 	HotIPShare     float64       // share of records from ip-hot (default 0.2)
 	Lateness       time.Duration // the allowed lateness the stream is shaped around (default 5 s)
-	PartitionLag   time.Duration // partition p's clock runs p × this behind (default 7 s)
+	PartitionLag   time.Duration // partition p's clock runs p × this behind (default 2 s)
 }
 
 func (c *PaymentStreamConfig) defaults() {
@@ -91,7 +91,7 @@ func (c *PaymentStreamConfig) defaults() {
 		c.Lateness = 5 * time.Second
 	}
 	if c.PartitionLag == 0 {
-		c.PartitionLag = 7 * time.Second
+		c.PartitionLag = 2 * time.Second
 	}
 }
 
@@ -149,26 +149,26 @@ func PaymentStream(cfg PaymentStreamConfig) Payments {
 	lateness := cfg.Lateness.Microseconds()
 	t := Base * 1000 // micros
 	var lastTS int64
+	var lastDevice, lastIP string
 	lastPart := -1
 	for i := range cfg.N {
 		t += rng.Int64N(1_500_000)
 		c := cards[int(float64(cfg.Cards)*rng.Float64()*rng.Float64())]
 		p := c.part
 		tp := t - int64(p)*cfg.PartitionLag.Microseconds() // this partition's clock
-		ts := tp
+		ts, tie := tp, false
 		switch r := rng.IntN(100); {
 		case r < 3:
 			ts = (tp/60_000_000)*60_000_000 - 1 // the last microsecond of a minute
 		case r < 6:
 			ts = (tp / 5_000_000) * 5_000_000 // a 5 s bucket edge
 		case r < 8 && lastPart >= 0 && lastPart != p && lastTS > tp-lateness/2 && lastTS < tp+lateness:
-			ts = lastTS // the same instant as another partition's previous event
+			ts, tie = lastTS, true // the same instant as another partition's previous event
 		case r < 14:
 			ts = tp - rng.Int64N(lateness) // out of order, inside the lateness
 		case r < 16:
 			ts = tp - lateness - 1_000_000 - rng.Int64N(60_000_000) // late at its partition
 		}
-		lastTS, lastPart = ts, p
 		device, ip := c.device, c.ip
 		if rng.IntN(20) == 0 {
 			device = "dev-" + c.id + "-b"
@@ -176,6 +176,13 @@ func PaymentStream(cfg PaymentStreamConfig) Payments {
 		if rng.Float64() < cfg.HotIPShare {
 			ip = HotIP
 		}
+		if tie {
+			// From the same device and address as that event (one device
+			// trying several cards at once), so that the tie is within a key
+			// of each re-keyed group and only the partition orders the two.
+			device, ip = lastDevice, lastIP
+		}
+		lastTS, lastPart, lastDevice, lastIP = ts, p, device, ip
 		mills := rng.Int64N(500_000) / 10 * 10
 		switch {
 		case rng.IntN(20) == 0:
