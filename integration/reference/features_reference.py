@@ -38,7 +38,7 @@ or empty is an event of g; g's events from all partitions are applied in
 (event time, source partition, source offset) order to g's own windows, filters
 and distinct counts, with the entity being g's key, one row per event, whose
 source_topic/partition/offset are the input record's. With --group-out DIR it
-writes, for each re-keyed group g:
+writes, for each re-keyed group g (none for a definition without groups):
 
     DIR/<g>.jsonl   one object per event of g, in the order they were applied:
                     {"partition": 1, "offset": 8, "features": {...},
@@ -470,8 +470,6 @@ def main():
     ap.add_argument("--group-out")
     a = ap.parse_args()
     d = Definition(a.definition)
-    if a.group_out and not d.groups:
-        sys.exit("--group-out: the definition has no groups")
     schema, parts = None, []
     for path in a.inputs:
         s, records = read_input(path)
