@@ -37,7 +37,8 @@ import (
 //     behind, so production order is not event-time order across partitions;
 //   - inside a partition: out-of-order events within the lateness, late events
 //     beyond it, events on minute and 5-second bucket edges and at the same
-//     millisecond as another partition's previous event, resends of a recent
+//     millisecond, device and IP as another partition's previous event (so that
+//     only the partition orders the two within a key), resends of a recent
 //     record (duplicates), an event id reused with other content, and the same
 //     event id on two partitions (two transactions, both counted);
 //   - amounts in mills (decimal scale 3) of which some have a nonzero
@@ -97,7 +98,9 @@ func (c *PaymentStreamConfig) defaults() {
 
 // Payments is a generated payment stream: per input partition, its records in
 // offset order (goavro native form for PaymentSchemaFile) and each record's
-// Kafka key (its card id).
+// Kafka key: its card id, or for a record whose card.id was emptied (an
+// invalid:card.id) the card it was generated for. Keys[p][i] always belongs
+// to partition p (repartition.PartitionFor).
 type Payments struct {
 	Parts [][]map[string]any
 	Keys  [][]string
