@@ -1,5 +1,9 @@
 // Package streamtest generates input streams for end-to-end tests of the live
 // service and checks what comes out of its topics against internal/oracle.
+// For feature definitions it generates streams in users' own schemas (card
+// streams; payment streams with device and IP keys for re-keyed groups), runs
+// the independent reference (integration/reference/features_reference.py) over
+// them and compares a run's or replay's rows with it, group by group.
 //
 // It is shared by the in-process (kfake) tests of pkg/service and the
 // integration tests on a real broker, so both hold the service to the same
