@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
 	"go.uber.org/zap"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
@@ -178,6 +180,10 @@ func runReplay(ctx context.Context, r *replayFlags, log *zap.Logger) error {
 		}
 		outs.kafka.SetFeaturesPrefix(prefix)
 	}
+	groups, err := outs.openGroups(ctx, r, st, reg, log)
+	if err != nil {
+		return err
+	}
 	var dead replay.Sink
 	if r.dlq != "" {
 		if dead, err = outs.open(ctx, r, r.dlq, st, true); err != nil {
@@ -192,6 +198,7 @@ func runReplay(ctx context.Context, r *replayFlags, log *zap.Logger) error {
 		Pipeline: pipeline.Config{Specs: st.specs, Window: st.window, Watermark: st.watermark, Late: st.late, Decoder: dec, Features: st.features.engineSpec()},
 		Features: features,
 		Dead:     dead,
+		Groups:   groups,
 		Progress: prog,
 		OnPrepareRetry: func(p int32, offset int64, attempt int, err error) {
 			if attempt == 1 || attempt%10 == 0 {
@@ -226,6 +233,9 @@ func runReplay(ctx context.Context, r *replayFlags, log *zap.Logger) error {
 	}
 	for _, reason := range res.Reasons() {
 		fields = append(fields, zap.Int64("dead_"+string(reason), res.ByReason[reason]))
+	}
+	for _, g := range res.Groups {
+		fields = append(fields, zap.Dict("group_"+g.Name, zap.Int64("features", g.Features), zap.Int64("dead_letters", g.Dead), zap.Uint64("without_key", g.KeyMissing)))
 	}
 	log.Info("replay complete", fields...)
 	if res.KeyMismatch > 0 {
@@ -405,6 +415,65 @@ func (o *outputs) open(ctx context.Context, r *replayFlags, spec string, st sett
 	}
 	o.sinks = append(o.sinks, s)
 	return s, nil
+}
+
+// openGroups opens the outputs of the definition's re-keyed groups beside
+// --output: on a topic, the group's topic from --group-topic (registered with
+// the group's schema under a registry, as 'run' does); in a file NAME.EXT, the
+// file NAME.<group>.EXT.
+func (o *outputs) openGroups(ctx context.Context, r *replayFlags, st settings, reg *sr.Client, log *zap.Logger) ([]replay.Group, error) {
+	if st.features == nil || len(st.features.groups) == 0 {
+		return nil, nil
+	}
+	var gs []replay.Group
+	for _, g := range st.features.groups {
+		var (
+			s   replay.Sink
+			err error
+		)
+		if topic, ok := strings.CutPrefix(r.output, "topic:"); ok {
+			name, err := groupTopic(r.pipe.groupTopic, topic, g.name)
+			if err != nil {
+				return nil, err
+			}
+			if name == r.inputTopic {
+				return nil, fmt.Errorf("--group-topic gives group %s the input topic %s: a replay must not write into the range it reads", g.name, name)
+			}
+			if err := o.kafka.EnsureTopic(ctx, "--group-topic", name, r.inputTopic); err != nil {
+				return nil, err
+			}
+			ks := o.kafka.Sibling(name)
+			if reg != nil {
+				subject, err := r.conn.outputSubject(name, g.schema)
+				if err != nil {
+					return nil, err
+				}
+				_, prefix, err := setupRegistry(ctx, reg, subject, g.schema, nil, st.limits, log)
+				if err != nil {
+					return nil, fmt.Errorf("group %s: %w", g.name, err)
+				}
+				ks.SetFeaturesPrefix(prefix)
+			}
+			s = ks
+		} else {
+			ext := filepath.Ext(r.output)
+			path := strings.TrimSuffix(r.output, ext) + "." + g.name + ext
+			switch ext {
+			case ".jsonl":
+				s, err = replay.NewFlatJSONLSink(path, g.schema)
+			case ".parquet":
+				s, err = replay.NewFlatParquetSink(path, g.schema, st.features.version)
+			default:
+				err = fmt.Errorf("want NAME.jsonl or NAME.parquet")
+			}
+			if err != nil {
+				return nil, fmt.Errorf("--output %s, group %s: %w", r.output, g.name, err)
+			}
+		}
+		o.sinks = append(o.sinks, s)
+		gs = append(gs, replay.Group{Name: g.name, Spec: g.spec, Features: s})
+	}
+	return gs, nil
 }
 
 func (o *outputs) commit(ctx context.Context) error {

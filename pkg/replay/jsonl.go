@@ -105,7 +105,10 @@ func appendFeaturesJSON(b []byte, v *featureView) []byte {
 //
 // key and value are the original bytes in standard base64 (null when the
 // record had none: no key, or a tombstone's null value). For a JSON-lines input the value is the input line
-// itself, for other inputs the record value exactly as read.
+// itself, for other inputs the record value exactly as read. A dead letter a
+// re-keyed group's second stage decided has "group":"<name>" after the offset
+// (the velocity.group header of 'run'), and its value is the transaction
+// re-encoded in our schema.
 type DeadJSONLSink struct {
 	f   *atomicFile
 	buf []byte
@@ -132,6 +135,10 @@ func (s *DeadJSONLSink) Write(o *pipeline.Output) error {
 	b = strconv.AppendInt(b, int64(o.SourcePartition), 10)
 	b = append(b, `,"source_offset":`...)
 	b = strconv.AppendInt(b, o.SourceOffset, 10)
+	if o.Group != "" {
+		b = append(b, `,"group":`...)
+		b = appendJSONString(b, []byte(o.Group))
+	}
 	b = append(b, `,"key":`...)
 	if o.Key == nil {
 		b = append(b, "null"...)
