@@ -11,12 +11,19 @@
 // cannot take, so such mistakes stop the service at start instead of
 // dead-lettering every record.
 //
+// A definition may also declare re-keyed groups (Definition.Groups): features
+// kept per another field than input.entity_id, each with its own windows,
+// filters and distinct slots. The decoder reads every group's key and words
+// in the same walk into tx.Groups; computing them (through a repartition
+// topic, docs/repartition.md) is the pipeline's. EngineSpecs describes every
+// group for the engine.
+//
 // The compiled decoder is on the per-record hot path: a hand-written Avro
 // walker that reads only the mapped fields and steps over the rest, without
-// allocating beyond the two id strings. It fills codec.Transaction (amounts
-// exactly in minor units, event time in milliseconds) and tx.Ext, the filter
-// bits and distinct-value hashes the aggregation engine needs, so that nothing
-// downstream keeps the record. Rejections name the user's field path
+// allocating beyond the two id strings and the present group keys. It fills
+// codec.Transaction (amounts exactly in minor units, event time in
+// milliseconds) and tx.Ext, the filter bits and distinct-value hashes the
+// aggregation engine needs, so that nothing downstream keeps the record. Rejections name the user's field path
 // (invalid:card.id). The tests hold it to goavro's reading of the same bytes.
 //
 // It is not the aggregation engine (pkg/feature) and knows nothing of windows

@@ -3,6 +3,7 @@ package definition
 import (
 	"errors"
 	"fmt"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -294,5 +295,31 @@ func TestGroupsHash(t *testing.T) {
 		strings.SplitAfter(groupsMinimal, "groups:\n")[1]
 	if mustParse(t, "x.yaml", two).Hash() == mustParse(t, "y.yaml", swapped).Hash() {
 		t.Error("swapping two groups keeps the hash")
+	}
+}
+
+// The groups example in docs/features.md is the example file: the same hash
+// and the same specs, group for group.
+func TestDocsGroupsExample(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/features.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const fence = "```yaml payment_groups.yaml\n"
+	i := strings.Index(string(doc), fence)
+	if i < 0 {
+		t.Fatal("docs/features.md has no " + strings.TrimSpace(fence) + " block")
+	}
+	rest := string(doc)[i+len(fence):]
+	inDoc := mustParse(t, "features.md", rest[:strings.Index(rest, "```")])
+	file := paymentDef(t)
+	if inDoc.Hash() != file.Hash() || !reflect.DeepEqual(inDoc.Spec(), file.Spec()) || inDoc.Group != file.Group || len(inDoc.Groups) != len(file.Groups) {
+		t.Fatal("the groups example in docs/features.md differs from examples/features/payment_groups.yaml")
+	}
+	for k := range file.Groups {
+		a, b := &inDoc.Groups[k], &file.Groups[k]
+		if a.Name != b.Name || a.Key != b.Key || !reflect.DeepEqual(a.Spec(), b.Spec()) {
+			t.Fatalf("group %d differs: %s/%s", k, a.Name, b.Name)
+		}
 	}
 }
