@@ -10,7 +10,7 @@ import (
 )
 
 func TestContainerRoundTrip(t *testing.T) {
-	txs := []Transaction{goodTx(), {"e2", "card-B", 0, "", t0 + 1, nil}, {"", "card-C", 5, "usd", 0, nil}}
+	txs := []Transaction{goodTx(), {EventID: "e2", EntityID: "card-B", EventTime: t0 + 1}, {EntityID: "card-C", AmountMinor: 5, Currency: "usd"}}
 	for _, compression := range []string{"null", "deflate", "snappy"} {
 		t.Run(compression, func(t *testing.T) {
 			var file bytes.Buffer
@@ -84,7 +84,7 @@ func TestContainerWithForeignSchema(t *testing.T) {
 	}
 	value, rej, ok := r.Next()
 	var tx Transaction
-	if !ok || rej != nil || decodeTransaction(value, &tx) != nil || !reflect.DeepEqual(tx, Transaction{"e1", "card-A", 7, "", t0, nil}) {
+	if !ok || rej != nil || decodeTransaction(value, &tx) != nil || !reflect.DeepEqual(tx, Transaction{EventID: "e1", EntityID: "card-A", AmountMinor: 7, Currency: "", EventTime: t0}) {
 		t.Fatalf("first record: %x %v %v -> %+v", value, rej, ok, tx)
 	}
 	// The null entity id cannot be written in our schema: the record comes

@@ -55,7 +55,7 @@ func randTx(r *rand.Rand) Transaction {
 	case 4:
 		tx.EventTime = randLong(r)
 	case 5:
-		tx = Transaction{randString(r, 140), randString(r, 270), randLong(r), randString(r, 4), randLong(r), nil}
+		tx = Transaction{EventID: randString(r, 140), EntityID: randString(r, 270), AmountMinor: randLong(r), Currency: randString(r, 4), EventTime: randLong(r)}
 	}
 	return tx
 }

@@ -33,7 +33,7 @@ func TestWriterSchemaResolution(t *testing.T) {
 				{"name":"tags","type":{"type":"map","values":"string"},"default":{}}]}`,
 			datum: map[string]any{"event_id": "e1", "entity_id": "card-A", "amount_minor": int64(1000), "currency": "EUR",
 				"event_time": ts, "merchant": goavro.Union("string", "shop"), "tags": map[string]any{"k": "v"}},
-			want: Transaction{"e1", "card-A", 1000, "EUR", t0, nil},
+			want: Transaction{EventID: "e1", EntityID: "card-A", AmountMinor: 1000, Currency: "EUR", EventTime: t0},
 		},
 		{
 			name: "reordered fields are found by name",
@@ -42,7 +42,7 @@ func TestWriterSchemaResolution(t *testing.T) {
 				{"name":"amount_minor","type":"long"},{"name":"entity_id","type":"string"},{"name":"event_id","type":"string"}]}`,
 			datum: map[string]any{"event_id": "e1", "entity_id": "card-A", "amount_minor": int64(5), "currency": "USD",
 				"event_time": int64(t0), "note": "x"},
-			want: Transaction{"e1", "card-A", 5, "USD", t0, nil},
+			want: Transaction{EventID: "e1", EntityID: "card-A", AmountMinor: 5, Currency: "USD", EventTime: t0},
 		},
 		{
 			name: "missing currency takes our default",
@@ -50,7 +50,7 @@ func TestWriterSchemaResolution(t *testing.T) {
 				{"name":"event_id","type":"string"},{"name":"entity_id","type":"string"},
 				{"name":"amount_minor","type":"int"},{"name":"event_time","type":"long"}]}`,
 			datum: map[string]any{"event_id": "e1", "entity_id": "card-A", "amount_minor": int32(7), "event_time": int64(t0)},
-			want:  Transaction{"e1", "card-A", 7, "", t0, nil},
+			want:  Transaction{EventID: "e1", EntityID: "card-A", AmountMinor: 7, Currency: "", EventTime: t0},
 		},
 		{
 			name: "bytes ids and nullable currency resolve",
@@ -60,7 +60,7 @@ func TestWriterSchemaResolution(t *testing.T) {
 				{"name":"event_time","type":"long"}]}`,
 			datum: map[string]any{"event_id": []byte("e1"), "entity_id": goavro.Union("string", "card-A"), "amount_minor": int64(1),
 				"currency": goavro.Union("string", "GBP"), "event_time": int64(t0)},
-			want: Transaction{"e1", "card-A", 1, "GBP", t0, nil},
+			want: Transaction{EventID: "e1", EntityID: "card-A", AmountMinor: 1, Currency: "GBP", EventTime: t0},
 		},
 		{
 			name: "null entity_id is the id missing",
