@@ -90,6 +90,11 @@ type Server struct {
 	windowHead [][]byte  // by window: the constant start of its part of an answer (encode.go)
 	reqPool    sync.Pool // *service.ReadRequest of one lookup item
 
+	// With a feature definition (FeatureSource): its answers' text, and requests of
+	// one features item. nil feats: the features endpoint does not exist.
+	feats       *featureText
+	featReqPool sync.Pool
+
 	requests  *prometheus.CounterVec
 	latency   *prometheus.HistogramVec
 	forwarded *prometheus.CounterVec
@@ -107,11 +112,12 @@ const (
 	opBatch
 	opVelocity
 	opPreview
+	opFeatures
 	opOther
 	numOps
 )
 
-var opNames = [numOps]string{"openapi", "batch", "velocity", "preview", "other"}
+var opNames = [numOps]string{"openapi", "batch", "velocity", "preview", "features", "other"}
 
 // requestCounter is the requests_total series of (o, code).
 func (s *Server) requestCounter(o op, code int) prometheus.Counter {
@@ -147,6 +153,9 @@ func New(cfg Config) (*Server, error) {
 		s.allWindows = append(s.allWindows, i)
 	}
 	s.windowHead = windowHeads(s.specs)
+	if fs, ok := cfg.Backend.(FeatureSource); ok && fs.Features() != nil {
+		s.feats = newFeatureText(fs.Features(), fs.Definition())
+	}
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "velocity_api_requests_total", Help: "Query API requests by operation and HTTP status.",
 	}, []string{"op", "code"})
@@ -248,6 +257,14 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) op {
 				s.preview(w, r, escID)
 			}
 			return opPreview
+		case "features":
+			if s.feats == nil {
+				break // no definition: the path is unknown, as it always was
+			}
+			if s.method(w, r, http.MethodGet) && s.authorized(w, r) {
+				s.features(w, r, escID)
+			}
+			return opFeatures
 		}
 	}
 	writeError(w, errf(http.StatusNotFound, "not_found", "no such endpoint; see /v1/openapi.yaml"))
@@ -531,6 +548,10 @@ func itemError(err error) *apiError {
 		return errf(http.StatusUnprocessableEntity, "at_not_retained", "at is before the bucket of this entity's newest counted event in some window, whose older buckets are no longer held")
 	case errors.Is(err, window.ErrInput):
 		return errf(http.StatusBadRequest, "invalid_request", "invalid input")
+	case errors.Is(err, pipeline.ErrNoFeatures):
+		// An owner that runs no definition answers the path itself (404 not_found);
+		// this is the same answer for a partition served here without one.
+		return errf(http.StatusNotFound, "not_found", "no such endpoint; see /v1/openapi.yaml")
 	}
 	return errf(http.StatusInternalServerError, "internal", "lookup failed")
 }

@@ -51,6 +51,10 @@ func (b *fakeBackend) Read(_ context.Context, p int32, req *service.ReadRequest)
 			proc.Preview(&it.Tx, it.HasEventID, dec, it.Preview)
 			continue
 		}
+		if it.Row != nil {
+			it.Info, it.Err = proc.LookupFeatures(it.Entity, it.AsOf, it.UseDefault, it.Row)
+			continue
+		}
 		it.Info, it.Err = proc.Lookup(it.Entity, it.AsOf, it.UseDefault, it.Aggs)
 	}
 	req.Specs = b.specs
