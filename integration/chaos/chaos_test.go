@@ -192,6 +192,86 @@ var variants = []variant{
 	// The file store: a partition that moves meets stale snapshots, so
 	// restores of the definition's state are crossed most often there.
 	{name: "file-features", store: "file", features: "testdata/tx_features.yaml"},
+	// Re-keyed groups: every input partition's first stage hops to every
+	// repartition partition, and each group's second stage has state, offsets
+	// and transactions of its own; kills land between a hop and the commit of
+	// the input offset that made it, and between a second stage's outputs and
+	// its own commit. The kafka store moves partitions of both stages freely.
+	{name: "kafka-groups", store: "kafka", features: "testdata/tx_groups.yaml"},
+}
+
+// rekeyed is one re-keyed group of a variant's definition as the checker reads
+// it: its name and output schema.
+type rekeyed struct {
+	name string
+	out  outputSchema
+}
+
+// rekeyedGroups are v's re-keyed groups (none without a definition or groups).
+func (v variant) rekeyedGroups(t *testing.T) []rekeyed {
+	if v.features == "" {
+		return nil
+	}
+	def, err := definition.LoadFile(v.features)
+	if err != nil {
+		t.Fatal(err)
+	}
+	specs, err := definition.EngineSpecs(def)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []rekeyed
+	for _, g := range specs[1:] {
+		c, err := goavro.NewCodec(feature.AvroSchema(g.Spec))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, rekeyed{name: g.Name, out: outputSchema{codec: c, name: "group " + g.Name + "'s schema generated from " + v.features, definition: def.Version + "@" + def.Hash()}})
+	}
+	return out
+}
+
+// groupTopics is one consumer group's (or the replay's) topics of the re-keyed
+// groups: "<prefix><group>", which --group-topic names.
+type groupTopics struct {
+	prefix string
+	rk     []*rekeyedTopic
+}
+
+// rekeyedTopic is a re-keyed group's output topic and readers, and its
+// checkpoints.
+type rekeyedTopic struct {
+	rekeyed
+	topic     string
+	live, raw *collector
+	cps       []checkpoint
+}
+
+// createGroupTopics creates the topics of v's re-keyed groups under a fresh
+// prefix, with the input's partition count and the run's retention.
+func createGroupTopics(t *testing.T, ctx context.Context, addr string, groups []rekeyed, configs map[string]string) groupTopics {
+	gt := groupTopics{prefix: kafkatest.Name(t, "grp") + "-"}
+	adm := kafkatest.Admin(t, addr)
+	for _, g := range groups {
+		name := gt.prefix + g.name
+		cfg := map[string]*string{}
+		for k, v := range configs {
+			cfg[k] = &v
+		}
+		if _, err := adm.CreateTopic(ctx, partitions, -1, cfg, name); err != nil {
+			t.Fatalf("create %s: %v", name, err)
+		}
+		gt.rk = append(gt.rk, &rekeyedTopic{rekeyed: g, topic: name})
+	}
+	return gt
+}
+
+// flags are the --group-topic flag that sends each group to its topic.
+func (gt groupTopics) flags() []string {
+	if len(gt.rk) == 0 {
+		return nil
+	}
+	return []string{"--group-topic", gt.prefix + "{group}"}
 }
 
 // semantics are the flags of v's groups and its replay.
@@ -233,6 +313,7 @@ type group struct {
 	live     *collector // read_committed under --exactly-once
 	raw      *collector // read_uncommitted; the same as live in the default mode
 	cps      []checkpoint
+	groups   groupTopics // the definition's re-keyed groups' outputs
 }
 
 // run is one schedule over one input, consumed by a default-mode group and
@@ -281,9 +362,11 @@ func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, v variant, s
 	addr := b.Addr
 	keepAll := map[string]string{"retention.ms": "-1"}
 	r.input = kafkatest.CreateTopic(t, addr, partitions, keepAll)
+	rks := v.rekeyedGroups(t)
 	for _, eos := range []bool{false, true} {
 		g := &group{mode: "default", eos: eos, name: kafkatest.Group(t),
-			out: kafkatest.CreateTopic(t, addr, partitions, keepAll), dlq: kafkatest.CreateTopic(t, addr, partitions, keepAll)}
+			out: kafkatest.CreateTopic(t, addr, partitions, keepAll), dlq: kafkatest.CreateTopic(t, addr, partitions, keepAll),
+			groups: createGroupTopics(t, r.ctx, addr, rks, keepAll)}
 		if eos {
 			g.mode = "eos"
 		}
@@ -303,22 +386,36 @@ func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, v variant, s
 				"--checkpoint-interval", checkpointInterval.String(), "--idle-timeout", idleTimeout.String(),
 				"--session-timeout", sessionTimeout.String(), "--metrics-addr", "", "--log-level", "info",
 			}, v.semantics()...)
+			args = append(args, g.groups.flags()...)
 			if eos {
 				args = append(args, "--exactly-once")
 			}
 			g.inst[i] = &instance{name: fmt.Sprintf("%s-%d", g.mode, i), bin: bin, args: args,
 				logs: filepath.Join(dir, fmt.Sprintf("%s-%d.log", g.mode, i)), tl: tl}
 		}
-		if g.live, err = newCollector(r.ctx, addr, g.out, g.dlq, eos, r.out); err != nil {
+		if g.live, err = newCollector(r.ctx, addr, g.out, g.dlq, eos, r.out, ""); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(g.live.close)
 		g.raw = g.live
 		if eos {
-			if g.raw, err = newCollector(r.ctx, addr, g.out, g.dlq, false, r.out); err != nil {
+			if g.raw, err = newCollector(r.ctx, addr, g.out, g.dlq, false, r.out, ""); err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(g.raw.close)
+		}
+		for _, rk := range g.groups.rk {
+			if rk.live, err = newCollector(r.ctx, addr, rk.topic, g.dlq, eos, rk.out, rk.name); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(rk.live.close)
+			rk.raw = rk.live
+			if eos {
+				if rk.raw, err = newCollector(r.ctx, addr, rk.topic, g.dlq, false, rk.out, rk.name); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(rk.raw.close)
+			}
 		}
 		r.groups = append(r.groups, g)
 	}
@@ -359,13 +456,17 @@ func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, v variant, s
 	ends := r.inputEnds(adm)
 	replayOut := kafkatest.CreateTopic(t, addr, partitions, keepAll)
 	replayDLQ := kafkatest.CreateTopic(t, addr, partitions, keepAll)
+	replayGroups := createGroupTopics(t, r.ctx, addr, rks, keepAll)
 	tl.logf("replay of %s into %s and %s", r.input, replayOut, replayDLQ)
-	replay := r.replay(bin, addr, replayOut, replayDLQ)
+	replay, replayByGroup := r.replay(bin, addr, replayOut, replayDLQ, replayGroups)
 	gen, err := readInput(r.ctx, addr, r.input, ends)
 	if err != nil {
 		t.Fatalf("read the input back: %v", err)
 	}
 	vin := verdictInput{inputTopic: r.input, ends: ends, replay: replay, gen: gen}
+	if r.v.features != "" {
+		vin.codec = r.out.codec
+	}
 	replayFails := checkReplay(vin)
 	if len(replayFails) > 0 {
 		vin.replay = nil // no reference: check the rest only
@@ -375,6 +476,29 @@ func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, v variant, s
 		fails := append([]string(nil), replayFails...)
 		for _, cp := range g.cps {
 			fails = append(fails, check(cp, vin)...)
+		}
+		for i, rk := range g.groups.rk {
+			gin := vin
+			gin.replay, gin.codec = replayByGroup[i], rk.out.codec
+			gin.only = map[srcKey]bool{}
+			for k := range gin.replay {
+				gin.only[k] = true
+				if rs := vin.replay[k]; vin.replay != nil && (len(rs) != 1 || rs[0].dead) {
+					fails = append(fails, fmt.Sprintf("replay: group %s has an output for input %d/%d, which the input partition dead-lettered", rk.name, k.part, k.offset))
+				}
+			}
+			fails = append(fails, prefixAll("group "+rk.name+": ", checkReplay(gin))...)
+			if len(replayFails) > 0 {
+				gin.replay = nil
+			}
+			for _, cp := range rk.cps {
+				fails = append(fails, prefixAll("group "+rk.name+": ", check(cp, gin))...)
+			}
+			for _, col := range []*collector{rk.live, rk.raw} {
+				if bad, _ := col.problems(); len(bad) > 0 {
+					fails = append(fails, fmt.Sprintf("group %s: %d output records are not readable as the contract says; first: %s", rk.name, len(bad), bad[0]))
+				}
+			}
 		}
 		for _, col := range []*collector{g.live, g.raw} {
 			bad, fetch := col.problems()
@@ -413,6 +537,14 @@ func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, v variant, s
 	if !t.Failed() && len(r.notes) > 0 {
 		t.Logf("chaos: notes:\n  %s", strings.Join(r.notes, "\n  "))
 	}
+}
+
+func prefixAll(prefix string, ss []string) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = prefix + s
+	}
+	return out
 }
 
 // logDir returns the run's log directory and whether to keep it after a pass.
@@ -681,6 +813,34 @@ func (r *run) finale() {
 			time.Sleep(500 * time.Millisecond)
 		}
 		g.cps = append(g.cps, checkpoint{label: label, eos: g.eos, outs: snap})
+		// A re-keyed group's outputs follow the input's: its second stages
+		// release once every input partition's idle marker is in, and publish
+		// (or commit) at their own next checkpoint. The checker cannot count
+		// what to expect before the replay, so it waits for the count to stop
+		// growing, within --idle-timeout + two --checkpoint-intervals + slack
+		// of the input going quiet.
+		gdeadline := quiet.Add(2*checkpointInterval + idleTimeout + r.env.slack)
+		for _, rk := range g.groups.rk {
+			var gsnap map[srcKey][]output
+			stable, last := time.Time{}, -1
+			for {
+				cctx, cancel := context.WithDeadline(r.ctx, gdeadline.Add(10*time.Second))
+				s, err := rk.live.catchUp(cctx)
+				cancel()
+				if err == nil {
+					gsnap = s
+				}
+				if n := len(gsnap); n != last {
+					last, stable = n, time.Now()
+				}
+				if time.Since(stable) >= 3*time.Second && time.Since(quiet) >= idleTimeout+checkpointInterval || time.Now().After(gdeadline) {
+					tl.logf("checkpoint 1, %s group %s: %d input records have an output %s after the input went quiet", g.mode, rk.name, len(gsnap), time.Since(quiet).Round(100*time.Millisecond))
+					break
+				}
+				time.Sleep(500 * time.Millisecond)
+			}
+			rk.cps = append(rk.cps, checkpoint{label: label + " (plus another --checkpoint-interval for the second stage)", eos: g.eos, outs: gsnap})
+		}
 	}
 
 	// Checkpoint 2: every instance stopped gracefully.
@@ -696,6 +856,9 @@ func (r *run) finale() {
 	r.stopAll(syscall.SIGTERM, up...)
 	for _, g := range r.groups {
 		g.cps = append(g.cps, checkpoint{label: "checkpoint 2 (after a SIGTERM of every instance)", eos: g.eos, outs: r.read(g)})
+		for _, rk := range g.groups.rk {
+			rk.cps = append(rk.cps, checkpoint{label: "checkpoint 2 (after a SIGTERM of every instance)", eos: g.eos, outs: r.readCollector(rk.live, g.mode+" group "+rk.name)})
+		}
 	}
 
 	// Checkpoint 3: a restart with no new input, then SIGTERM again.
@@ -708,16 +871,21 @@ func (r *run) finale() {
 	r.stopAll(syscall.SIGTERM, r.groups[0].inst[0], r.groups[1].inst[0])
 	for _, g := range r.groups {
 		g.cps = append(g.cps, checkpoint{label: "checkpoint 3 (after a restart with no new input and another SIGTERM)", eos: g.eos, outs: r.read(g)})
+		for _, rk := range g.groups.rk {
+			rk.cps = append(rk.cps, checkpoint{label: "checkpoint 3 (after a restart with no new input and another SIGTERM)", eos: g.eos, outs: r.readCollector(rk.live, g.mode+" group "+rk.name)})
+		}
 	}
 }
 
 // read waits for a group's reader to reach the topics' ends.
-func (r *run) read(g *group) map[srcKey][]output {
+func (r *run) read(g *group) map[srcKey][]output { return r.readCollector(g.live, g.mode) }
+
+func (r *run) readCollector(c *collector, what string) map[srcKey][]output {
 	ctx, cancel := context.WithTimeout(r.ctx, time.Minute)
 	defer cancel()
-	snap, err := g.live.catchUp(ctx)
+	snap, err := c.catchUp(ctx)
 	if err != nil {
-		r.t.Fatalf("read the outputs of %s: %v", g.mode, err)
+		r.t.Fatalf("read the outputs of %s: %v", what, err)
 	}
 	return snap
 }
@@ -772,7 +940,7 @@ func covered(outs map[srcKey][]output, ends map[int32]int64) int {
 
 // replay runs `velocity-consumer replay` of the whole input into two topics
 // and reads them back.
-func (r *run) replay(bin, addr, out, dlq string) map[srcKey][]output {
+func (r *run) replay(bin, addr, out, dlq string, groups groupTopics) (map[srcKey][]output, []map[srcKey][]output) {
 	t := r.t
 	ctx, cancel := context.WithTimeout(r.ctx, 3*time.Minute)
 	defer cancel()
@@ -784,6 +952,7 @@ func (r *run) replay(bin, addr, out, dlq string) map[srcKey][]output {
 	defer f.Close()
 	args := append([]string{"replay", "--brokers", addr, "--input-topic", r.input, "--from", "start", "--to", "end",
 		"--output", "topic:" + out, "--dlq", "topic:" + dlq, "--quiet", "--log-format", "json"}, r.v.semantics()...)
+	args = append(args, groups.flags()...)
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = childEnv()
 	cmd.Stdout, cmd.Stderr = f, f
@@ -793,19 +962,27 @@ func (r *run) replay(bin, addr, out, dlq string) map[srcKey][]output {
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("velocity-consumer %s: %v; log %s", strings.Join(args, " "), err, logPath)
 	}
-	col, err := newCollector(ctx, addr, out, dlq, false, r.out)
-	if err != nil {
-		t.Fatal(err)
+	read := func(features string, out outputSchema, group string) map[srcKey][]output {
+		col, err := newCollector(ctx, addr, features, dlq, false, out, group)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer col.close()
+		snap, err := col.catchUp(ctx)
+		if err != nil {
+			t.Fatalf("read the replay's outputs: %v", err)
+		}
+		if bad, _ := col.problems(); len(bad) > 0 {
+			t.Fatalf("replay's outputs are not readable as the contract says: %s", bad[0])
+		}
+		return snap
 	}
-	defer col.close()
-	snap, err := col.catchUp(ctx)
-	if err != nil {
-		t.Fatalf("read the replay's outputs: %v", err)
+	snap := read(out, r.out, "")
+	var byGroup []map[srcKey][]output
+	for _, rk := range groups.rk {
+		byGroup = append(byGroup, read(rk.topic, rk.out, rk.name))
 	}
-	if bad, _ := col.problems(); len(bad) > 0 {
-		t.Fatalf("replay's outputs are not readable as the contract says: %s", bad[0])
-	}
-	return snap
+	return snap, byGroup
 }
 
 // summary logs what the run did and saw, pass or fail.

@@ -6,8 +6,11 @@ import (
 	"bytes"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
+
+	"github.com/linkedin/goavro/v2"
 )
 
 // checkpoint is what the topics held at one moment of a run, and what they
@@ -28,6 +31,13 @@ type verdictInput struct {
 	ends       map[int32]int64
 	replay     map[srcKey][]output
 	gen        map[srcKey]string
+	// only, for a re-keyed group, is the input records that have an output in
+	// the group (those the replay has one for): a record refused at its input
+	// partition, or without the group's key, has none. nil: every input offset.
+	only map[srcKey]bool
+	// codec decodes the features values compared, to name the field that
+	// differs (nil: ours, schemas/velocity_features.avsc).
+	codec *goavro.Codec
 }
 
 // offsetSet collects input offsets per partition for a message.
@@ -95,6 +105,9 @@ func check(cp checkpoint, in verdictInput) []string {
 	for p, end := range in.ends {
 		for off := int64(0); off < end; off++ {
 			k := srcKey{p, off}
+			if in.only != nil && !in.only[k] {
+				continue // no output in this group; one would be a stray, below
+			}
 			got := cp.outs[k]
 
 			// Both modes: every input offset has an output, a features record or a
@@ -121,7 +134,7 @@ func check(cp checkpoint, in verdictInput) []string {
 					if !o.same(got[0]) {
 						unequalDup.add(k)
 						if dupExample == "" {
-							dupExample = fmt.Sprintf("input %d/%d: %s and %s differ: %s", p, off, got[0].at, o.at, diff(o, got[0]))
+							dupExample = fmt.Sprintf("input %d/%d: %s and %s differ: %s", p, off, got[0].at, o.at, diff(o, got[0], in.codec))
 						}
 						break
 					}
@@ -133,10 +146,13 @@ func check(cp checkpoint, in verdictInput) []string {
 	// Both modes: an output names an input record that exists, of the input
 	// topic: no output for an offset beyond the input's end or another topic.
 	for k, os := range cp.outs {
-		if end, ok := in.ends[k.part]; !ok || k.offset < 0 || k.offset >= end {
+		if end, ok := in.ends[k.part]; !ok || k.offset < 0 || k.offset >= end || in.only != nil && !in.only[k] {
 			stray.add(k)
 			if strayExample == "" {
 				strayExample = fmt.Sprintf("%s names input %d/%d", os[0].at, k.part, k.offset)
+				if in.only != nil && !in.only[k] {
+					strayExample += ", which the replay gives no output in this group"
+				}
 			}
 			continue
 		}
@@ -182,7 +198,7 @@ func check(cp checkpoint, in verdictInput) []string {
 					differ.add(k)
 					if example == "" || k.part < exKey.part || k.part == exKey.part && k.offset < exKey.offset {
 						exKey = k
-						example = fmt.Sprintf("input %d/%d: live %s, replay %s: %s", k.part, k.offset, o.at, want[0].at, diff(o, want[0]))
+						example = fmt.Sprintf("input %d/%d: live %s, replay %s: %s", k.part, k.offset, o.at, want[0].at, diff(o, want[0], in.codec))
 					}
 					break
 				}
@@ -202,6 +218,8 @@ func checkReplay(in verdictInput) []string {
 	for p, end := range in.ends {
 		for off := int64(0); off < end; off++ {
 			switch n := len(in.replay[srcKey{p, off}]); {
+			case n == 0 && in.only != nil:
+				// A re-keyed group: only some records have an output there.
 			case n == 0:
 				missing.add(srcKey{p, off})
 			case n > 1:
@@ -221,7 +239,7 @@ func checkReplay(in verdictInput) []string {
 
 // diff names the first differing field of two outputs, and their first
 // differing bytes.
-func diff(got, want output) string {
+func diff(got, want output, c *goavro.Codec) string {
 	switch {
 	case got.dead != want.dead:
 		kind := map[bool]string{false: "a features record", true: "a dead letter"}
@@ -236,7 +254,9 @@ func diff(got, want output) string {
 		return fmt.Sprintf("value null=%v, want null=%v", got.valueNull, want.valueNull)
 	}
 	field := ""
-	if !got.dead {
+	if !got.dead && c != nil {
+		field = flatFieldDiff(c, got.value, want.value)
+	} else if !got.dead {
 		field = fieldDiff(got.value, want.value)
 	}
 	i := 0
@@ -245,6 +265,27 @@ func diff(got, want output) string {
 	}
 	return fmt.Sprintf("%svalue bytes first differ at %d of %d/%d: %s, want %s", field, i, len(got.value), len(want.value),
 		hex.EncodeToString(got.value[i:min(len(got.value), i+16)]), hex.EncodeToString(want.value[i:min(len(want.value), i+16)]))
+}
+
+// flatFieldDiff decodes two values of a definition's flat record and names every
+// field that differs, in name order.
+func flatFieldDiff(c *goavro.Codec, got, want []byte) string {
+	g, _, err1 := c.NativeFromBinary(got)
+	w, _, err2 := c.NativeFromBinary(want)
+	if err1 != nil || err2 != nil {
+		return ""
+	}
+	gm, wm := g.(map[string]any), w.(map[string]any)
+	var out []string
+	for _, f := range slices.Sorted(maps.Keys(wm)) {
+		if fmt.Sprint(gm[f]) != fmt.Sprint(wm[f]) {
+			out = append(out, fmt.Sprintf("%s = %v, want %v", f, gm[f], wm[f]))
+		}
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	return "fields " + strings.Join(out, ", ") + "; "
 }
 
 // fieldDiff decodes two features values and names the first field, in schema

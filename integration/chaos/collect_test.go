@@ -26,6 +26,7 @@ const (
 	hdrSrcPart    = "velocity.source.partition"
 	hdrSrcOffset  = "velocity.source.offset"
 	hdrDefinition = "velocity.definition"
+	hdrGroup      = "velocity.group"
 )
 
 var featuresCodec = func() *goavro.Codec {
@@ -81,6 +82,11 @@ type collector struct {
 	features  string
 	dlq       string
 	out       outputSchema
+	// group is the re-keyed group whose outputs this collector reads: its
+	// features topic, and the dead letters its second stage decided (their
+	// velocity.group header); "" for the input's own outputs, whose dead letters
+	// have none.
+	group string
 
 	mu    sync.Mutex
 	pos   map[tp]int64
@@ -100,7 +106,7 @@ type outputSchema struct {
 
 var defaultOutput = outputSchema{codec: featuresCodec, name: "schemas/velocity_features.avsc"}
 
-func newCollector(ctx context.Context, addr, features, dlq string, committed bool, out outputSchema) (*collector, error) {
+func newCollector(ctx context.Context, addr, features, dlq string, committed bool, out outputSchema, group string) (*collector, error) {
 	iso := kgo.ReadUncommitted()
 	if committed {
 		iso = kgo.ReadCommitted()
@@ -117,7 +123,7 @@ func newCollector(ctx context.Context, addr, features, dlq string, committed boo
 	if err != nil {
 		return nil, err
 	}
-	c := &collector{cl: cl, adm: kadm.NewClient(cl), committed: committed, features: features, dlq: dlq, out: out,
+	c := &collector{cl: cl, adm: kadm.NewClient(cl), committed: committed, features: features, dlq: dlq, out: out, group: group,
 		pos: map[tp]int64{}, outs: map[srcKey][]output{}}
 	go c.loop(ctx)
 	return c, nil
@@ -141,6 +147,9 @@ func (c *collector) loop(ctx context.Context) {
 			c.pos[tp{r.Topic, r.Partition}] = r.Offset + 1
 			if r.Attrs.IsControl() {
 				return
+			}
+			if r.Topic == c.dlq && headerOf(r, hdrGroup) != c.group {
+				return // another group's (or the input's) dead letter
 			}
 			k, o, err := c.out.classify(r, r.Topic == c.dlq)
 			if err != nil {
@@ -192,6 +201,15 @@ func (os outputSchema) classify(r *kgo.Record, dead bool) (srcKey, output, error
 	}
 	o.reason, o.errText, o.srcTopic = h[hdrReason], h[hdrError], h[hdrSrcTopic]
 	return srcKey{int32(p), off}, o, nil
+}
+
+func headerOf(r *kgo.Record, key string) string {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
 }
 
 // catchUp lists the topics' ends (the last stable offsets for a

@@ -37,6 +37,14 @@ const (
 // accepted event), duplicates of accepted events, and records that never
 // move the watermark (undecodable, invalid, oversized).
 //
+// Across partitions, every burst starts all partitions' clocks together, a gap
+// past the newest event time of any partition (align): so a quiet phase, after
+// which the idle rule has let a re-keyed group's second stage release everything
+// (docs/repartition.md), is never followed by an event older than what it
+// released, and a second stage's outputs, like an input partition's, cannot depend
+// on when the idle timeout fired. Within a burst the partitions' clocks drift
+// apart as they will, which only the second stages' order settles.
+//
 // The input's event times span far less than the largest window (24 h) and
 // the dedupe horizon, and record timestamps equal event times, so a warm-up
 // read (an instance with no usable snapshot) covers the whole partition and
@@ -46,6 +54,7 @@ type generator struct {
 	rng      *rand.Rand
 	entities [partitions][]string
 	clock    [partitions]int64 // newest accepted event time; 0 = none yet
+	fresh    [partitions]bool  // align moved the clock: the next record is a valid one at it
 	sent     [partitions][]*kgo.Record
 	seq      int
 	kinds    map[string]int
@@ -103,7 +112,8 @@ func (g *generator) next() *kgo.Record {
 	}
 	x := g.rng.IntN(1000)
 	switch {
-	case !started || x < 860:
+	case !started || g.fresh[p] || x < 860:
+		g.fresh[p] = false
 		g.clock[p] += g.rng.Int64N(25) // 0 too: equal event times, ordered by offset
 		r := rec("valid", []byte(ent), codec.EncodeTransaction(valid(g.clock[p])), g.clock[p])
 		g.sent[p] = append(g.sent[p], r)
@@ -150,6 +160,26 @@ func (g *generator) next() *kgo.Record {
 	}
 }
 
+// alignGap is how far past the newest event time of every partition align moves
+// the clocks: beyond the lateness, so nothing accepted after it sorts before
+// anything accepted before it on any partition.
+const alignGap = allowedLateness + time.Second
+
+// align moves every partition's clock to alignGap past the newest of them, and
+// makes each partition's next record a valid one at its new clock: until one is
+// accepted the partition's watermark is still the old one, and a record made
+// "late" from the new clock would not be late.
+func (g *generator) align() {
+	var newest int64
+	for _, c := range g.clock {
+		newest = max(newest, c)
+	}
+	for p := range g.clock {
+		g.clock[p] = newest + alignGap.Milliseconds()
+		g.fresh[p] = true
+	}
+}
+
 // producer writes input records to the input topic, in generation order per
 // partition (one idempotent client), riding out a broker restart.
 type producer struct {
@@ -161,6 +191,7 @@ type producer struct {
 // burst produces n records spread evenly over d, in batches every 50 ms, and
 // returns when all are acknowledged. A broker outage stretches it.
 func (pr *producer) burst(ctx context.Context, n int, d time.Duration) error {
+	pr.gen.align()
 	const tick = 50 * time.Millisecond
 	steps := max(1, int(d/tick))
 	begin := time.Now()

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/repartition"
@@ -191,6 +192,38 @@ func (p *Processor) HopMarkers(quiet bool, emit func(*Output)) {
 	}
 }
 
+// AnnounceOwner sends, as a first stage that has just been given its partition, a
+// marker to every repartition partition: its owner epoch, its watermark if it has
+// one, and not idle. A second stage then knows the new owner before a frozen old
+// owner that wakes up can declare the partition idle (an idle marker from an older
+// epoch is not honoured), and counts the partition in its order again until the
+// new owner finds its input quiet.
+func (p *Processor) AnnounceOwner(emit func(*Output)) {
+	h := p.hop
+	if h == nil {
+		return
+	}
+	wm, ok := p.stage.Watermark()
+	if !ok {
+		wm = repartition.NoWatermark
+	}
+	h.idleSent = false
+	n := int(h.cfg.Partitions)
+	for g := range h.cfg.Groups {
+		for rp := range n {
+			p.appendMarker(wm, false)
+			s := &h.sent[g*n+rp]
+			*s = max(*s, wm)
+			p.emitHop(g, int32(rp), nil, -1, 0, emit)
+		}
+	}
+}
+
+// NeedsIdleVerdict reports whether a first stage has not yet told its second
+// stages that its input is quiet: the caller checks that the input is really
+// read to its end only then.
+func (p *Processor) NeedsIdleVerdict() bool { return p.hop != nil && !p.hop.idleSent }
+
 // EndOfInput sends, as a first stage, the idle verdict to every repartition
 // partition: the end of a replay's range, after Flush, where every source has sent
 // all it ever will. A second stage that has heard it from every source releases
@@ -226,7 +259,7 @@ type mergeState struct {
 // MergeStats count what a second stage's Merger decided (not snapshotted).
 type MergeStats struct {
 	Duplicates    uint64 // hop records received again (a retry, a restart, an old owner)
-	LateAfterIdle uint64 // events dead-lettered because an idle source let the frontier pass them
+	LateAfterIdle uint64 // events the frontier had passed while their source was idle: counted out of order (late=true) or dead-lettered
 	Markers       uint64
 	StaleIdle     uint64 // idle markers from an old owner epoch, not honoured
 }
@@ -269,11 +302,27 @@ func (p *Processor) processHop(r *Record, emit func(*Output)) {
 		ms.stats.Markers++
 		ms.stats.StaleIdle++
 	case repartition.LateAfterIdle:
+		// Its source was left out of the order while idle, and the frontier has
+		// passed its time: it cannot take its place in the sequence. It is counted
+		// now, out of order, as an input partition counts an event its idle
+		// release let through (its bucket is still in the entity's windows), and
+		// marked late=true; only when its bucket has left the windows is it a
+		// dead letter. Either way once: the Merger remembers it until its source's
+		// watermark passes it, so a re-send is a Duplicate.
 		ms.stats.LateAfterIdle++
 		e := &ms.rec.Event
-		p.deadMerged(e, repartition.ReasonLateAfterIdle, fmt.Sprintf(
-			"event_time %d from input partition %d arrived after the group's frontier %d passed it, while that partition was idle",
-			e.EventTime, e.Source, ms.m.Frontier()), emit)
+		ms.ev = watermark.Event{Offset: e.Offset, EventTime: e.EventTime, EventID: e.EventID, EntityID: e.Key, Amount: e.Amount, Ext: e.Ext}
+		p.feat.SourceTopic, p.feat.SourcePartition = e.Topic, e.Source
+		p.head.SourceTopic, p.head.SourcePartition = e.Topic, e.Source
+		if err := p.apply(&ms.ev, true, emit); err != nil {
+			reason, detail := repartition.ReasonLateAfterIdle, fmt.Sprintf(
+				"event_time %d from input partition %d arrived after the group's frontier %d passed it, while that partition was idle, and its bucket has left the windows: %v",
+				e.EventTime, e.Source, ms.m.Frontier(), err)
+			if !errors.Is(err, window.ErrExpired) {
+				reason, detail = codec.Invalid("amount_minor"), err.Error()
+			}
+			p.deadMerged(e, reason, detail, emit)
+		}
 	}
 	ms.released = ms.m.Ready(ms.released[:0])
 	p.applyMerged(emit)
@@ -329,6 +378,14 @@ func (p *Processor) deadMerged(e *repartition.Event, reason codec.Reason, detail
 	}
 	p.stats.Dead++
 	emit(&p.out)
+}
+
+// StartServing restarts the idle timeout's clock at t (watermark.Stage.Touch): a
+// partition just handed to its worker has not been quiet for the time its
+// restore took.
+func (p *Processor) StartServing(t time.Time) {
+	p.stage.SetClock(t)
+	p.stage.Touch()
 }
 
 // Quiet reports the idle rule's verdict on this partition's input as a first stage

@@ -329,3 +329,68 @@ func checkAgainstOneStage(t *testing.T, g hopGroup, parts [][]Record, accepted m
 		t.Fatalf("compared %d of %d events", compared, len(evs))
 	}
 }
+
+// TestSecondStageAfterIdle: an event whose source was idle while the frontier passed
+// its time is counted out of order and marked late, a re-send of it is dropped, and
+// one whose bucket has left the windows is a late_after_idle dead letter, once.
+func TestSecondStageAfterIdle(t *testing.T) {
+	g := loadHopGroups(t)[1] // spend (sum 5s), top (max 5s): no words
+	cfg := Config{Topic: "__velocity-repartition-grp-g1", Features: g.spec, Merge: &MergeConfig{Group: "g1", Sources: 2}}
+	p, err := New(cfg, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const t0 = int64(1_793_491_200_000)
+	var off int64
+	type got struct {
+		dead   bool
+		reason codec.Reason
+		late   bool
+		spend  int64
+	}
+	var outs []got
+	send := func(r repartition.Record) {
+		t.Helper()
+		b, err := repartition.AppendRecord(nil, &r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Process(Record{Topic: cfg.Topic, Offset: off, Value: b}, func(o *Output) {
+			var h feature.Head
+			row := feature.NewRow(g.spec)
+			if o.Dead {
+				outs = append(outs, got{dead: true, reason: o.Reason})
+				return
+			}
+			if err := feature.ParseRow(o.Value, g.spec, &h, row); err != nil {
+				t.Fatal(err)
+			}
+			outs = append(outs, got{late: h.Late, spend: row.Values[0]})
+		})
+		off++
+	}
+	ev := func(src int32, o, at, amount int64) repartition.Record {
+		return repartition.Record{Kind: repartition.KindEvent, Watermark: at, Event: repartition.Event{
+			Source: src, Offset: o, EventTime: at, Topic: "tx", Key: "EUR", EventID: fmt.Sprintf("e%d-%d", src, o), Amount: amount}}
+	}
+	send(ev(0, 0, t0+10_000, 100))
+	send(repartition.Record{Kind: repartition.KindMarker, Watermark: repartition.NoWatermark, Idle: true, Event: repartition.Event{Source: 1}})
+	send(repartition.Record{Kind: repartition.KindMarker, Watermark: t0 + 10_500, Event: repartition.Event{Source: 0}})
+	if len(outs) != 1 || outs[0].late || outs[0].spend != 100 {
+		t.Fatalf("with source 1 idle the first event is released in order: %+v", outs)
+	}
+	send(ev(1, 0, t0+1_000, 7)) // below the frontier, 9 s behind the entity's newest event: its bucket left the 5 s window
+	send(ev(1, 1, t0+9_000, 5)) // below the frontier, still in the window: counted as of its own time, late
+	send(ev(1, 0, t0+1_000, 7)) // re-sends: nothing
+	send(ev(1, 1, t0+9_000, 5))
+	send(ev(0, 1, t0+12_000, 1)) // the window as of 12 s holds all but the expired one, once both sources pass it
+	send(repartition.Record{Kind: repartition.KindMarker, Watermark: t0 + 20_000, Event: repartition.Event{Source: 0}})
+	send(repartition.Record{Kind: repartition.KindMarker, Watermark: t0 + 20_000, Event: repartition.Event{Source: 1}})
+	want := []got{{spend: 100}, {dead: true, reason: repartition.ReasonLateAfterIdle}, {late: true, spend: 5}, {spend: 106}}
+	if !slices.Equal(outs, want) {
+		t.Fatalf("outputs %+v, want %+v", outs, want)
+	}
+	if st := p.MergeStats(); st.LateAfterIdle != 2 || st.Duplicates != 2 {
+		t.Fatalf("merge stats %+v, want 2 late after idle and 2 duplicates", st)
+	}
+}

@@ -61,6 +61,18 @@ type worker struct {
 	// hwm is the partition's high watermark as the last fetch reported it (-1:
 	// none yet).
 	hwm int64
+	// A re-keyed group's first stage tells its second stages that its input is
+	// quiet (the idle rule) only once the broker confirms there is nothing left
+	// to read (idleVerdict): quietEnd is the input's last stable offset as the
+	// first such check found it while no fetch had brought a record yet (-1:
+	// none), idleCheck brings a check's answer back, idleChecking is set while
+	// one is out, and quietGen numbers quiet spells so that the answer to a check
+	// of an earlier spell is not taken for this one's.
+	quietEnd     int64
+	quietEndAt   time.Time
+	idleCheck    chan idleAnswer
+	idleChecking bool
+	quietGen     uint64
 
 	// held are records waiting for the decoder's Prepare (the schema registry
 	// was unreachable): the first could not be prepared, the rest arrived
@@ -129,6 +141,7 @@ func (s *Service) startWorker(p int32, proc *pipeline.Processor, txn *kgo.Client
 	proc.SetOwnerEpoch(epoch)
 	w := &worker{
 		s: s, part: p, label: label, proc: proc, txn: txn, epoch: epoch, idleFlushAt: idleFlushAt, hwm: -1,
+		quietEnd: -1, idleCheck: make(chan idleAnswer, 1),
 		in:          make(chan batch, 4),
 		quit:        make(chan bool, 1),
 		done:        make(chan struct{}),
@@ -169,6 +182,8 @@ func (w *worker) run() {
 	}
 	tick := time.NewTicker(w.tickEvery())
 	defer tick.Stop()
+	w.proc.StartServing(time.Now())
+	w.proc.AnnounceOwner(w.emitFn) // a re-keyed group's first stage: the new owner's epoch
 	// Stagger the partitions' checkpoints across the interval: all of an
 	// instance's partitions start together, and checkpointing them at the same
 	// instant makes one big spike of encoding, checksumming and writing on a
@@ -205,7 +220,7 @@ func (w *worker) run() {
 				// A re-keyed group's first stage: its watermark to the second
 				// stages, and the idle verdict only once everything the fetches
 				// reported is read, so that a slow fetch is not a quiet input.
-				w.proc.HopMarkers(w.proc.Quiet() && (w.hwm < 0 || w.proc.Next() >= w.hwm), w.emitFn)
+				w.proc.HopMarkers(w.idleVerdict(), w.emitFn)
 				w.updatePressure()
 			}
 			if time.Since(lastCheckpoint) >= w.s.cfg.CheckpointInterval && !w.bgBusy {
@@ -420,6 +435,72 @@ func (w *worker) process(b batch) {
 // its produce acknowledgements arrive or its reorder buffer drain. A change
 // wakes the poll loop, which may be waiting on a poll that, with every
 // partition paused, would never return.
+// idleVerdict reports whether a re-keyed group's first stage may tell its second
+// stages that its input is quiet. The idle rule (no record for --idle-timeout)
+// must hold, nothing may wait to be processed (a batch handed over, records held
+// for the registry, fetching paused), and the broker must confirm that the
+// partition holds nothing this partition has not read: its last stable offset is
+// no further than the high watermark of the last fetch whose records were all
+// processed, or, before any fetch brought a record, the same at two checks an
+// idle timeout apart (so what lies between the committed offset and it yields no
+// record: transaction markers, aborted records). A frozen process that wakes up,
+// or a fetch slowed down, then never declares a partition idle while records wait
+// for it. The check runs on a goroutine of its own: a slow broker delays the
+// verdict, not the partition.
+func (w *worker) idleVerdict() bool {
+	if !w.proc.NeedsIdleVerdict() {
+		return false
+	}
+	quiet := w.proc.Quiet() && len(w.in) == 0 && len(w.held) == 0 && !w.wantPause.Load()
+	if !quiet && (w.quietEnd >= 0 || w.idleChecking) {
+		w.quietEnd = -1
+		w.quietGen++
+	}
+	select {
+	case a := <-w.idleCheck:
+		w.idleChecking = false
+		end := a.end
+		switch {
+		case !quiet || a.gen != w.quietGen: // asked in another spell
+		case end < 0: // the broker did not answer: ask again at the next tick
+		case w.hwm >= 0:
+			return end <= w.hwm
+		case end <= w.proc.Next():
+			return true
+		case w.quietEnd != end:
+			w.quietEnd, w.quietEndAt = end, time.Now()
+		case time.Since(w.quietEndAt) >= w.s.cfg.Watermark.IdleTimeout:
+			// No fetch brought a record from the offsets below end for another
+			// idle timeout: transaction markers or aborted records only.
+			return true
+		}
+	default:
+	}
+	if quiet && !w.idleChecking {
+		w.idleChecking = true
+		s, p, out, gen := w.s, w.part, w.idleCheck, w.quietGen
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			end := int64(-1)
+			if l, err := s.adm.ListCommittedOffsets(ctx, s.cfg.InputTopic); err == nil {
+				if o, ok := l.Lookup(s.cfg.InputTopic, p); ok && o.Err == nil {
+					end = o.Offset
+				}
+			}
+			out <- idleAnswer{gen, end}
+		}()
+	}
+	return false
+}
+
+// idleAnswer is the input partition's last stable offset as one check of
+// idleVerdict found it (-1: no answer), and the quiet spell it was asked in.
+type idleAnswer struct {
+	gen uint64
+	end int64
+}
+
 func (w *worker) updatePressure() {
 	pressure := len(w.held) > 0 || w.proc.Pressure() || w.tracker.PendingBytes() > w.s.cfg.MaxPendingProduceBytes
 	if !pressure && w.wantPause.Load() {

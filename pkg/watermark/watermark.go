@@ -479,6 +479,11 @@ func (s *Stage) Quiet() bool {
 	return s.idleTimeout > 0 && s.current().Sub(s.lastOffer) >= s.idleTimeout
 }
 
+// Touch counts as activity for the idle timeout, as an Offer does: the caller has
+// just started serving the partition (the time spent restoring it is not quiet
+// input).
+func (s *Stage) Touch() { s.lastOffer = s.current() }
+
 // FlushAll appends everything pending in (EventTime, Offset) order and empties the
 // buffer: the end of a replay range, or shutdown. The watermark and dedupe set stay.
 func (s *Stage) FlushAll(dst []Event) []Event {
