@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -234,5 +235,121 @@ func TestFeaturesWithWriterSchemaFlag(t *testing.T) {
 	}
 	if _, err := st.decoder(st.writerSchema); err == nil || !strings.Contains(err.Error(), "io.velocity.v1.Transaction has no field") {
 		t.Fatalf("decoder over our Transaction schema: %v, want an error naming the missing field", err)
+	}
+}
+
+// TestRekeyedGroupFlags: a definition with re-keyed groups gives the input's
+// service its hops and one second-stage service per group, named from the consumer
+// group and --group-topic; the settings groups cannot work with are refused with
+// the reason.
+func TestRekeyedGroupFlags(t *testing.T) {
+	const def = "../../examples/features/payment_groups.yaml"
+	base := []string{"--features", def, "--checkpoint-store", "memory"}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // substring of the error
+	}{
+		{"late apply", []string{"--late", "apply"}, "--late=apply cannot be used with re-keyed groups"},
+		{"no idle timeout", []string{"--idle-timeout", "0s"}, "--idle-timeout 0 cannot be used with re-keyed groups"},
+		{"template without the group", []string{"--group-topic", "per-group"}, "must contain {group}"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := parseRun(t, nil, append(slices.Clone(base), tc.args...)...)
+			if err == nil {
+				_, err = r.serviceConfig()
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want one saying %q", err, tc.want)
+			}
+		})
+	}
+	t.Run("a group's topic is the input", func(t *testing.T) {
+		r, err := parseRun(t, nil, append(slices.Clone(base), "--input-topic", "device", "--group-topic", "{group}")...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := r.serviceConfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.groupConfigs(c, nil); err == nil || !strings.Contains(err.Error(), "which is the input, output or dead-letter topic") {
+			t.Fatalf("error %v, want the collision named", err)
+		}
+	})
+	t.Run("services", func(t *testing.T) {
+		r, err := parseRun(t, nil, append(slices.Clone(base), "--group", "pay", "--output-topic", "pay-velocity")...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := r.serviceConfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var hops []string
+		for _, h := range c.Hops {
+			hops = append(hops, h.Name+"→"+h.Topic)
+		}
+		if want := []string{"device→__velocity-repartition-pay-device", "ip→__velocity-repartition-pay-ip"}; !slices.Equal(hops, want) {
+			t.Fatalf("hops %v, want %v", hops, want)
+		}
+		gs, err := r.groupConfigs(c, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, g := range gs {
+			if g.Merge == nil || g.Hops != nil || g.Decoder != nil || g.Features == nil || !slices.Equal(g.Specs, g.Features.Windows) {
+				t.Fatalf("group %s: not a second stage of its own features: %+v", g.Group, g)
+			}
+			got = append(got, strings.Join([]string{g.Merge.Name, g.Group, g.InputTopic, g.OutputTopic, g.DLQTopic}, " "))
+		}
+		want := []string{
+			"device pay.device __velocity-repartition-pay-device pay-velocity.device velocity-dlq",
+			"ip pay.ip __velocity-repartition-pay-ip pay-velocity.ip velocity-dlq",
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("second stages\n%v\nwant\n%v", got, want)
+		}
+	})
+}
+
+// TestRekeyedGroupsReplayFromFileEqualsReference: `replay` of a file under a
+// definition with re-keyed groups writes each group to its own file, computed in
+// memory, and every group's rows and every dead letter equal the independent
+// reference's.
+func TestRekeyedGroupsReplayFromFileEqualsReference(t *testing.T) {
+	streamtest.RequireReference(t)
+	const (
+		schemaFile = "../../internal/streamtest/" + streamtest.PaymentSchemaFile
+		defFile    = "../../internal/streamtest/" + streamtest.PaymentGroupsFile
+		lateness   = 5 * time.Second
+	)
+	schema, err := os.ReadFile(schemaFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	paths, err := streamtest.WritePaymentOCFs(dir, string(schema), streamtest.PaymentStream(streamtest.PaymentStreamConfig{Seed: 3, N: 3000, Partitions: 1, Lateness: lateness}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, dlq := filepath.Join(dir, "rows.jsonl"), filepath.Join(dir, "dead.jsonl")
+	if err := cmdReplay(context.Background(), []string{"--input-file", paths[0], "--features", defFile,
+		"--output", out, "--dlq", dlq, "--allowed-lateness", lateness.String(), "--quiet", "--log-level", "error"}); err != nil {
+		t.Fatal(err)
+	}
+	ref := streamtest.RunGroupReference(t, referenceScript, defFile, paths, lateness, filepath.Base(paths[0]))
+	ref.CompareDeadLetters(t, streamtest.DeadReasons(t, streamtest.ReadJSONLines(t, dlq)))
+	for g := range ref.Groups {
+		file := out
+		if g != ref.InPlace {
+			file = filepath.Join(dir, "rows."+g+".jsonl")
+		}
+		st := ref.CompareGroup(t, g, streamtest.ReadJSONLines(t, file))
+		t.Logf("group %s: %+v", g, st)
+		if st.Rows == 0 {
+			t.Errorf("group %s: no rows compared", g)
+		}
 	}
 }

@@ -43,6 +43,8 @@ Outputs:
   --output topic:NAME | x.jsonl | x.parquet     features records
   --dlq    topic:NAME | x.jsonl                 dead letters (without it they
                                                 are counted and reported only)
+With re-keyed groups in --features, group g goes to topic:<--group-topic> or
+NAME.g.jsonl / NAME.g.parquet, computed in memory as 'run' computes it.
 Partitions are replayed in ascending order, each one's outputs in emit order.
 Files are written as NAME.partial and renamed when complete; an interrupted
 replay removes the .partial and exits non-zero.`

@@ -36,7 +36,13 @@ Serves Prometheus metrics on --metrics-addr at /metrics, and /healthz, /readyz
 They carry counts, sizes and latencies by partition or reason, never entity data.
 
 With --api-addr, serves the query API on a listener of its own: an entity's
-velocity from the live state, on request, from any instance (docs/api.md).`
+velocity from the live state, on request, from any instance (docs/api.md).
+
+With --features and re-keyed groups in the definition (docs/features.md), the
+same process also computes each group keyed by another field: the input
+partitions send its records through __velocity-repartition-<group>-<name>,
+read by a second stage (consumer group <group>.<name>) that publishes to
+--group-topic (docs/repartition.md).`
 
 type runFlags struct {
 	brokers, group, input, output, dlq string

@@ -87,9 +87,10 @@
 //
 // An event that arrives from a source after F has passed its time (possible only
 // because that source was left out of the minimum) cannot be placed in order: Offer
-// returns LateAfterIdle, the caller dead-letters it with ReasonLateAfterIdle and the
-// group's accounting holds (one output record or one dead letter per input offset).
-// A re-send of it is a duplicate, not a second dead letter.
+// returns LateAfterIdle and does not keep it: the caller counts it out of order (the
+// pipeline marks its row late) or, if it cannot, dead-letters it with
+// ReasonLateAfterIdle, and the group's accounting holds (one output record or one
+// dead letter per input offset). A re-send of it is a duplicate, not a second output.
 //
 // With idle markers the interleaving matters: which events an idle source's late
 // arrivals overtake depends on where its markers fall among the others. That is the

@@ -9,7 +9,8 @@ import (
 )
 
 // ReasonLateAfterIdle is the dead-letter reason of an event that reached the second
-// stage after the idle rule had released past its event time (Verdict LateAfterIdle).
+// stage after the idle rule had released past its event time (Verdict LateAfterIdle)
+// and could not be counted out of order: its bucket had left the entity's windows.
 const ReasonLateAfterIdle codec.Reason = "late_after_idle"
 
 // Verdict is what Offer did with a record.
@@ -22,7 +23,8 @@ const (
 	// watermark and liveness changed. Count it; it is not a new input.
 	Duplicate
 	// LateAfterIdle: new, but the frontier had passed its event time while its source
-	// was idle. The caller dead-letters it (ReasonLateAfterIdle); a re-send of it is
+	// was idle. The caller counts it out of order, or dead-letters it
+	// (ReasonLateAfterIdle) when it cannot; a re-send of it is
 	// a Duplicate.
 	LateAfterIdle
 	// Marked: a marker, applied.
