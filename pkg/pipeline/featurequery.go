@@ -5,7 +5,7 @@ package pipeline
 //
 // It follows Lookup's rules (query.go) exactly: the same default as-of time and
 // accepted range (AsOf), the same per-entity retention check, and events pending in
-// the reorder buffer are not counted. What it reads is feature.State.ReadAt, which
+// the reorder buffer (a re-keyed group's second stage: its Merger) are not counted. What it reads is feature.State.ReadAt, which
 // gives at asOf the values the entity's next features record would carry if an event
 // at asOf with no effect on any feature (matching no filter, carrying no distinct
 // value, amount aside) were counted now: every window ends at asOf's bucket, a
@@ -51,7 +51,9 @@ func (p *Processor) LookupFeatures(entity string, asOf int64, useDefault bool, r
 	if useDefault {
 		asOf = def
 	}
-	info := LookupInfo{AsOf: asOf, Pending: p.stage.Pending(), LastOffset: p.next - 1, From: from, To: to}
+	// Pending, not the reorder buffer's count: a re-keyed group's second stage holds
+	// its waiting events in its Merger.
+	info := LookupInfo{AsOf: asOf, Pending: p.Pending(), LastOffset: p.next - 1, From: from, To: to}
 	if p.fstate == nil {
 		return info, ErrNoFeatures
 	}
