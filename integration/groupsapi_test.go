@@ -329,6 +329,8 @@ func TestGroupsAPIOnTheBroker(t *testing.T) {
 		t.Fatalf("%d transaction calls, %d entries compared", calls, entries)
 	}
 	t.Logf("%d transaction calls on both instances, %d entries equal the group endpoint's answers", calls, entries)
+	_, example := getAPI(t, ctx, client, bases[0], "/v1/groups/device/entities/"+streamtest.HotDevice+"/features")
+	t.Logf("an answer: %s", example)
 }
 
 type apiGroupFeatures struct {

@@ -462,6 +462,9 @@ func TestTransactionAndGroupErrors(t *testing.T) {
 		{"GET", "/v1/groups/device/entities//features", "", auth, 400, "invalid_entity_id"},
 		{"GET", "/v1/groups/device/entities/%FF/features", "", auth, 400, "invalid_entity_id"},
 		{"GET", "/v1/groups/device/entities/dev-1/features?at=x", "", auth, 400, "invalid_at"},
+		{"GET", "/v1/groups/device/entities/dev-1/features?at=" + strings.Repeat("0", 64) + "1", "", auth, 400, "invalid_at"}, // over the document's 64
+		{"GET", "/v1/entities/card-1/features?at=" + strings.Repeat("0", 64) + "1", "", auth, 400, "invalid_at"},
+		{"GET", "/v1/entities/card-1/velocity?at=" + strings.Repeat("0", 64) + "1", "", auth, 400, "invalid_at"},
 		{"GET", "/v1/groups/device/entities/dev-1/velocity", "", auth, 404, "not_found"},
 		{"GET", "/v1/groups/device/dev-1/features", "", auth, 404, "not_found"},
 		{"GET", "/v1/groups/device", "", auth, 404, "not_found"},

@@ -362,10 +362,18 @@ func pathEntity(esc string) (string, *apiError) {
 	return id, entityID(id)
 }
 
+// maxTimeText bounds a time's text, as the OpenAPI document does (maxLength): an
+// RFC 3339 time with nanoseconds and an offset is 35 bytes, milliseconds at most 20.
+const maxTimeText = 64
+
 // parseTime reads an event time: integer Unix milliseconds or RFC 3339.
 func parseTime(field, v string) (int64, *apiError) {
-	if v == "" {
+	switch {
+	case v == "":
 		return 0, errf(http.StatusBadRequest, "invalid_"+field, "%s is empty", field)
+	case len(v) > maxTimeText:
+		// Leading zeros would make a longer integer valid; the document says 64 at most.
+		return 0, errf(http.StatusBadRequest, "invalid_"+field, "%s is over %d bytes", field, maxTimeText)
 	}
 	if ms, err := strconv.ParseInt(v, 10, 64); err == nil {
 		return checkTime(field, ms)
