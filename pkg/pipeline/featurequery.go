@@ -5,14 +5,15 @@ package pipeline
 //
 // It follows Lookup's rules (query.go) exactly: the same default as-of time and
 // accepted range (AsOf), the same per-entity retention check, and events pending in
-// the reorder buffer (a re-keyed group's second stage: its Merger) are not counted. What it reads is feature.State.ReadAt, which
-// gives at asOf the values the entity's next features record would carry if an event
-// at asOf with no effect on any feature (matching no filter, carrying no distinct
-// value, amount aside) were counted now: every window ends at asOf's bucket, a
-// filtered feature reads the filter's table over the same buckets, and a distinct
-// count counts the values last counted at or after the window's first bucket, the
-// thresholds an in-order event at asOf computes. (Such an event's own contribution
-// to the unfiltered count, sum, min and max is left out: the read counts nothing.)
+// the reorder buffer (a re-keyed group's second stage: its Merger) are not counted.
+// What it reads is feature.State.ReadAt, which gives at asOf the values the entity's
+// next features record would carry if an event at asOf with no effect on any feature
+// (matching no filter, carrying no distinct value, amount aside) were counted now:
+// every window ends at asOf's bucket, a filtered feature reads the filter's table
+// over the same buckets, and a distinct count counts the values last counted at or
+// after the window's first bucket, the thresholds an in-order event at asOf
+// computes. (Such an event's own contribution to the unfiltered count, sum, min and
+// max is left out: the read counts nothing.)
 //
 // Invariant: like Lookup it changes nothing. feature.State.ReadAt reads the tables
 // through window.Table.ReadAt and the distinct sets through their count, and writes
