@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/velocity-consumer/velocity-consumer/integration/kafkatest"
+	"github.com/velocity-consumer/velocity-consumer/internal/streamtest"
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 )
 
@@ -65,7 +66,9 @@ func freePort(t *testing.T) int {
 // like any unknown path) and is left out here; TestQueryAPIFuzzFeatures fuzzes it.
 func TestQueryAPIFuzz(t *testing.T) {
 	t.Parallel()
-	fuzzQueryAPI(t, []string{"--windows", "1m:1s,5m:5s,1h:1m"}, "--exclude-path", "/v1/entities/{entity_id}/features")
+	fuzzQueryAPI(t, []string{"--windows", "1m:1s,5m:5s,1h:1m"}, transactionRecords, nil,
+		"--exclude-path", "/v1/entities/{entity_id}/features", "--exclude-path", "/v1/groups/{group}/entities/{entity_id}/features",
+		"--exclude-path", "/v1/groups", "--exclude-path", "/v1/transaction/features")
 }
 
 // fuzzDefinition is a feature definition over our Transaction schema for the fuzz
@@ -89,22 +92,54 @@ func TestQueryAPIFuzzFeatures(t *testing.T) {
 	if err := os.WriteFile(def, []byte(fuzzDefinition), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	fuzzQueryAPI(t, []string{"--features", def})
+	fuzzQueryAPI(t, []string{"--features", def}, transactionRecords, nil)
 }
 
-// fuzzQueryAPI runs the built binary with semantics over a seeded topic and
-// schemathesis against it, with extra schemathesis arguments.
-func fuzzQueryAPI(t *testing.T, semantics []string, extra ...string) {
-	st := schemathesis(t)
-	addr := kafkatest.Broker(t)
-	in, out, dlq := liveTopics(t, addr, 3)
+// TestQueryAPIFuzzGroups is TestQueryAPIFuzz under a definition with re-keyed
+// groups (payment_groups.yaml: card in place, device and ip re-keyed): the group
+// endpoint, the transaction call and the groups' list included, every group's
+// partitions served by its own service and consumer group.
+func TestQueryAPIFuzzGroups(t *testing.T) {
+	t.Parallel()
+	schema, err := os.ReadFile(paymentSchemaPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := func(t *testing.T, in string) []*kgo.Record {
+		r, err := streamtest.PaymentRecords(in, string(schema), streamtest.PaymentStream(streamtest.PaymentStreamConfig{Seed: 5, N: 1500, Partitions: 3, Cards: 50}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	// Ready once every group answers for keys of every partition.
+	var ready []string
+	for i := range 30 {
+		ready = append(ready, fmt.Sprintf("/v1/groups/device/entities/dev-%d/features", i), fmt.Sprintf("/v1/groups/ip/entities/ip-%d/features", i))
+	}
+	fuzzQueryAPI(t, []string{"--features", paymentGroupsPath, "--allowed-lateness", "5s", "--idle-timeout", "2s"}, recs, ready)
+}
+
+// transactionRecords are 2000 records of our Transaction schema, 50 cards.
+func transactionRecords(_ *testing.T, in string) []*kgo.Record {
 	var recs []*kgo.Record
 	now := time.Now().Add(-10 * time.Minute).UnixMilli()
 	for i := range 2000 {
 		tx := codec.Transaction{EventID: fmt.Sprint("fuzz-", i), EntityID: fmt.Sprint("card-", i%50), AmountMinor: int64(i * 7), EventTime: now + int64(i)*100}
 		recs = append(recs, &kgo.Record{Topic: in, Key: []byte(tx.EntityID), Value: codec.EncodeTransaction(&tx)})
 	}
-	if err := kafkatest.Produce(kafkatest.Context(t, 60*time.Second), kafkatest.Client(t, addr), recs...); err != nil {
+	return recs
+}
+
+// fuzzQueryAPI runs the built binary with semantics over a topic of records and
+// schemathesis against it, once every path of ready (and the velocity of 50 ids)
+// answers 200, with extra schemathesis arguments.
+func fuzzQueryAPI(t *testing.T, semantics []string, records func(t *testing.T, in string) []*kgo.Record, ready []string, extra ...string) {
+	st := schemathesis(t)
+	addr := kafkatest.Broker(t)
+	in, out, dlq := liveTopics(t, addr, 3)
+	recs := records(t, in)
+	if err := kafkatest.Produce(kafkatest.Context(t, 60*time.Second), kafkatest.Client(t, addr, kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.RecordDeliveryTimeout(0)), recs...); err != nil {
 		t.Fatal(err)
 	}
 
@@ -143,9 +178,12 @@ func fuzzQueryAPI(t *testing.T, semantics []string, extra ...string) {
 	}()
 	// Ready once every partition answers: the fuzz run must meet no 503 of a start.
 	client := &http.Client{Timeout: 5 * time.Second}
+	for i := range 50 {
+		ready = append(ready, fmt.Sprintf("/v1/entities/card-%d/velocity", i))
+	}
 	waitUntil(t, "the API answers for every partition", 90*time.Second, func() bool {
-		for i := range 50 {
-			req, _ := http.NewRequest("GET", fmt.Sprintf("%s/v1/entities/card-%d/velocity", base, i), nil)
+		for _, path := range ready {
+			req, _ := http.NewRequest("GET", base+path, nil)
 			req.Header.Set("Authorization", "Bearer fuzz-token")
 			resp, err := client.Do(req)
 			if err != nil {

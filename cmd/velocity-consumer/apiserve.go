@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -157,21 +158,37 @@ func (s apiSetup) clientOpt() []kgo.Opt {
 	return []kgo.Opt{kgo.ClientID(api.ClientID(s.advertise))}
 }
 
-// serveAPI serves the query API on ln (from listen) until stop is called.
-func serveAPI(ctx context.Context, ln net.Listener, s apiSetup, svc *service.Service, cfg service.Config, reg prometheus.Registerer, log *zap.Logger) (stop func(), err error) {
-	router, err := api.NewRouter(cfg.Brokers, cfg.ClientOpts, cfg.Group, cfg.InputTopic)
-	if err != nil {
-		ln.Close()
-		return nil, err
+// serveAPI serves the query API on ln (from listen) until stop is called. svcs are
+// the process's services: [0] the input's, whose features are the in-place group
+// named inPlace ("" under no definition, or the default name), then one per
+// re-keyed group (Config.Merge names it); each group's partitions are located in
+// its own consumer group, over its own input topic (the group's repartition
+// topic).
+func serveAPI(ctx context.Context, ln net.Listener, s apiSetup, svcs []*service.Service, inPlace string, reg prometheus.Registerer, log *zap.Logger) (stop func(), err error) {
+	var routers []*api.Router
+	for _, svc := range svcs {
+		cfg := svc.Config()
+		router, err := api.NewRouter(cfg.Brokers, cfg.ClientOpts, cfg.Group, cfg.InputTopic)
+		if err != nil {
+			ln.Close()
+			return nil, err
+		}
+		routers = append(routers, router)
 	}
-	srv, err := api.New(api.Config{Backend: svc, Locator: router, Token: s.token, Peers: s.peers, Registerer: reg, Log: log})
+	acfg := api.Config{Backend: svcs[0], Locator: routers[0], Token: s.token, Peers: s.peers, Registerer: reg, Log: log, Group: inPlace}
+	for i, svc := range svcs[1:] {
+		acfg.Groups = append(acfg.Groups, api.Group{Name: svc.Config().Merge.Name, Backend: svc, Locator: routers[i+1]})
+	}
+	srv, err := api.New(acfg)
 	if err != nil {
 		ln.Close()
 		return nil, err
 	}
 	rctx, rcancel := context.WithCancel(ctx)
-	routerDone := make(chan struct{})
-	go func() { router.Run(rctx); close(routerDone) }()
+	var routing sync.WaitGroup
+	for _, router := range routers {
+		routing.Go(func() { router.Run(rctx) })
+	}
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 15 * time.Second, IdleTimeout: 2 * time.Minute}
 	go func() {
 		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -185,6 +202,6 @@ func serveAPI(ctx context.Context, ln net.Listener, s apiSetup, svc *service.Ser
 		defer cancel()
 		_ = hs.Shutdown(sctx)
 		rcancel()
-		<-routerDone
+		routing.Wait()
 	}, nil
 }

@@ -144,7 +144,7 @@ func runDemo(ctx context.Context, d *demoFlags, out io.Writer) error {
 		return err
 	}
 	if apiS.on {
-		stop, err := serveAPI(ctx, apiLn, apiS, svc, svcCfg, reg, log)
+		stop, err := serveAPI(ctx, apiLn, apiS, []*service.Service{svc}, "", reg, log)
 		if err != nil {
 			return err
 		}

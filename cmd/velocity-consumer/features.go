@@ -26,6 +26,17 @@ type featureSet struct {
 	// groups are the definition's re-keyed groups (docs/repartition.md), in the
 	// order the decoder fills codec.Transaction.Groups.
 	groups []rekeyedGroup
+	// group is the in-place group's name (the definition's `group`).
+	group string
+}
+
+// inPlaceGroup is the in-place group's name for the query API ("" without a
+// definition).
+func (fs *featureSet) inPlaceGroup() string {
+	if fs == nil {
+		return ""
+	}
+	return fs.group
 }
 
 // rekeyedGroup is one re-keyed group of a definition.
@@ -97,7 +108,7 @@ func loadFeatures(path, writerSchema string, limits codec.Limits) (*featureSet, 
 	if err != nil {
 		return nil, "", fmt.Errorf("--features %s: %w", path, err)
 	}
-	fs.spec = specs[0].Spec
+	fs.spec, fs.group = specs[0].Spec, specs[0].Name
 	fs.schema = feature.AvroSchema(fs.spec)
 	for _, g := range specs[1:] {
 		fs.groups = append(fs.groups, rekeyedGroup{name: g.Name, spec: g.Spec, schema: feature.AvroSchema(g.Spec)})

@@ -286,7 +286,7 @@ func cmdRun(ctx context.Context, args []string) error {
 		defer stop()
 	}
 	if apiS.on {
-		stop, err := serveAPI(ctx, apiLn, apiS, svc, cfg, reg, log)
+		stop, err := serveAPI(ctx, apiLn, apiS, all, r.features.inPlaceGroup(), reg, log)
 		if err != nil {
 			return err
 		}

@@ -67,8 +67,15 @@ func newFeatureText(spec *feature.Spec, definition string) *featureText {
 // appendFeatures appends the answer of a local features lookup (see the top of
 // this file) for item it of partition p.
 func (s *Server) appendFeatures(dst []byte, it *service.ReadItem, p int32) []byte {
-	ft := s.feats
-	dst = append(dst, `{"entity_id":`...)
+	return appendFeaturesOf(dst, s.feats, nil, it, p)
+}
+
+// appendFeaturesOf is appendFeatures for the group of ft; groupHead, if not nil,
+// is the answer's first field (featGroup.head: `"group":"<name>",`).
+func appendFeaturesOf(dst []byte, ft *featureText, groupHead []byte, it *service.ReadItem, p int32) []byte {
+	dst = append(dst, '{')
+	dst = append(dst, groupHead...)
+	dst = append(dst, `"entity_id":`...)
 	dst = appendJSONString(dst, it.Entity)
 	dst = append(dst, `,"known":`...)
 	dst = strconv.AppendBool(dst, it.Info.Known)
@@ -104,9 +111,11 @@ func (s *Server) appendFeatures(dst []byte, it *service.ReadItem, p int32) []byt
 	return append(dst, '}', '}')
 }
 
-// features serves GET /v1/entities/{entity_id}/features: the entity's features at
-// as_of, read and routed exactly as a velocity lookup is.
-func (s *Server) features(w http.ResponseWriter, r *http.Request, escID string) {
+// features serves GET /v1/entities/{entity_id}/features (g the in-place group,
+// withGroup false) and GET /v1/groups/{group}/entities/{key}/features (withGroup:
+// the answer names the group): the entity's features at as_of in group g, read and
+// routed exactly as a velocity lookup is, in g's service and consumer group.
+func (s *Server) features(w http.ResponseWriter, r *http.Request, g *featGroup, escID string, withGroup bool) {
 	id, e := pathEntity(escID)
 	if e != nil {
 		writeError(w, e)
@@ -128,39 +137,38 @@ func (s *Server) features(w http.ResponseWriter, r *http.Request, escID string) 
 		}
 		item.UseDefault = false
 	}
-	p, e := s.partitionOf(id)
+	p, e := partitionOn(g.loc, id)
 	if e != nil {
 		writeError(w, e)
 		return
 	}
 	// As in velocity: back to the pool only once answered.
-	req, _ := s.featReqPool.Get().(*service.ReadRequest)
-	if req == nil {
-		req = service.NewReadRequest(1, 0)
-		req.Items[0].Row = feature.NewRow(s.feats.spec)
-	}
+	req := g.getReq()
 	item.Row = req.Items[0].Row
 	req.Items[0] = item
-	req.Specs = nil
-	switch e := s.readLocal(r.Context(), p, req); {
+	switch e := s.readOn(r.Context(), g.backend, p, req); {
 	case e == errNotHere:
-		base, e := s.owner(r, p)
+		base, e := s.ownerOn(r, g.backend, g.loc, p)
 		if e != nil {
 			writeError(w, e)
 			return
 		}
-		s.forward(w, r, base, nil)
+		s.forwardOn(w, r, g.loc, base, nil)
 	case e != nil:
 		writeError(w, e)
 	case req.Items[0].Err != nil:
 		writeError(w, itemError(req.Items[0].Err))
 	default:
+		var head []byte
+		if withGroup {
+			head = g.head
+		}
 		bp := bufPool.Get().(*[]byte)
-		b := append(s.appendFeatures((*bp)[:0], &req.Items[0], p), '\n')
+		b := append(appendFeaturesOf((*bp)[:0], g.feats, head, &req.Items[0], p), '\n')
 		w.Header()["Content-Type"] = jsonContentType
 		_, _ = w.Write(b)
 		*bp = b
 		bufPool.Put(bp)
-		s.featReqPool.Put(req)
+		g.reqPool.Put(req)
 	}
 }

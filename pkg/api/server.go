@@ -68,6 +68,13 @@ type Config struct {
 	Log        *zap.Logger
 	// ReadTimeout bounds the wait for a partition's answer; default 2s.
 	ReadTimeout time.Duration
+
+	// Group names the in-place group, Backend's features (a FeatureSource), on the
+	// group routes (groups.go): the definition's `group`, default "entity".
+	Group string
+	// Groups are the definition's re-keyed groups, in definition order, each
+	// computed by a service of its own and routed by its own consumer group.
+	Groups []Group
 }
 
 // Limits of a request.
@@ -90,10 +97,15 @@ type Server struct {
 	windowHead [][]byte  // by window: the constant start of its part of an answer (encode.go)
 	reqPool    sync.Pool // *service.ReadRequest of one lookup item
 
-	// With a feature definition (FeatureSource): its answers' text, and requests of
-	// one features item. nil feats: the features endpoint does not exist.
-	feats       *featureText
-	featReqPool sync.Pool
+	// With a feature definition (FeatureSource): its answers' text. nil feats: the
+	// features endpoints do not exist.
+	feats *featureText
+	// groups are the feature groups (groups.go): [0] the in-place group (Backend),
+	// then Config.Groups in order; byGroup indexes them by name. Empty without a
+	// definition.
+	groups  []*featGroup
+	byGroup map[string]int
+	txnPool sync.Pool // *txnCall
 
 	requests  *prometheus.CounterVec
 	latency   *prometheus.HistogramVec
@@ -113,11 +125,14 @@ const (
 	opVelocity
 	opPreview
 	opFeatures
+	opGroupFeatures
+	opTransaction
+	opGroups
 	opOther
 	numOps
 )
 
-var opNames = [numOps]string{"openapi", "batch", "velocity", "preview", "features", "other"}
+var opNames = [numOps]string{"openapi", "batch", "velocity", "preview", "features", "group_features", "transaction", "groups", "other"}
 
 // requestCounter is the requests_total series of (o, code).
 func (s *Server) requestCounter(o op, code int) prometheus.Counter {
@@ -153,8 +168,8 @@ func New(cfg Config) (*Server, error) {
 		s.allWindows = append(s.allWindows, i)
 	}
 	s.windowHead = windowHeads(s.specs)
-	if fs, ok := cfg.Backend.(FeatureSource); ok && fs.Features() != nil {
-		s.feats = newFeatureText(fs.Features(), fs.Definition())
+	if err := s.setGroups(); err != nil {
+		return nil, err
 	}
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "velocity_api_requests_total", Help: "Query API requests by operation and HTTP status.",
@@ -239,6 +254,20 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) op {
 			s.batch(w, r)
 		}
 		return opBatch
+	case s.feats != nil && path == "/v1/transaction/features":
+		if s.method(w, r, http.MethodPost) && s.authorized(w, r) {
+			s.transaction(w, r)
+		}
+		return opTransaction
+	case s.feats != nil && path == "/v1/groups":
+		if s.method(w, r, http.MethodGet) && s.authorized(w, r) {
+			s.listGroups(w)
+		}
+		return opGroups
+	case s.feats != nil && strings.HasPrefix(path, "/v1/groups/"):
+		if o, ok := s.routeGroup(w, r, path[len("/v1/groups/"):]); ok {
+			return o
+		}
 	case strings.HasPrefix(path, "/v1/entities/"):
 		rest := path[len("/v1/entities/"):]
 		i := strings.IndexByte(rest, '/')
@@ -262,7 +291,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request) op {
 				break // no definition: the path is unknown, as it always was
 			}
 			if s.method(w, r, http.MethodGet) && s.authorized(w, r) {
-				s.features(w, r, escID)
+				s.features(w, r, s.groups[0], escID, false)
 			}
 			return opFeatures
 		}
@@ -333,10 +362,18 @@ func pathEntity(esc string) (string, *apiError) {
 	return id, entityID(id)
 }
 
+// maxTimeText bounds a time's text, as the OpenAPI document does (maxLength): an
+// RFC 3339 time with nanoseconds and an offset is 35 bytes, milliseconds at most 20.
+const maxTimeText = 64
+
 // parseTime reads an event time: integer Unix milliseconds or RFC 3339.
 func parseTime(field, v string) (int64, *apiError) {
-	if v == "" {
+	switch {
+	case v == "":
 		return 0, errf(http.StatusBadRequest, "invalid_"+field, "%s is empty", field)
+	case len(v) > maxTimeText:
+		// Leading zeros would make a longer integer valid; the document says 64 at most.
+		return 0, errf(http.StatusBadRequest, "invalid_"+field, "%s is over %d bytes", field, maxTimeText)
 	}
 	if ms, err := strconv.ParseInt(v, 10, 64); err == nil {
 		return checkTime(field, ms)
@@ -428,7 +465,7 @@ func decodeBody(r *http.Request, v any) ([]byte, *apiError) {
 // readBody reads the request's body into buf[:0] (growing it), refusing one over
 // maxBodyBytes.
 func readBody(r *http.Request, buf []byte) ([]byte, *apiError) {
-	body, err := readAllInto(buf[:0], io.LimitReader(r.Body, maxBodyBytes+1), r.ContentLength)
+	body, err := readAllInto(buf[:0], r.Body, r.ContentLength, maxBodyBytes+1)
 	if err != nil {
 		return nil, errf(http.StatusBadRequest, "invalid_body", "cannot read the body")
 	}
@@ -438,16 +475,23 @@ func readBody(r *http.Request, buf []byte) ([]byte, *apiError) {
 	return body, nil
 }
 
-// readAllInto is io.ReadAll appending to dst, sized at once by a known length.
-func readAllInto(dst []byte, rd io.Reader, length int64) ([]byte, error) {
-	if length > 0 && length <= maxBodyBytes {
+// readAllInto is io.ReadAll appending to dst, sized at once by a known length, of
+// at most limit bytes (io.LimitReader's, without allocating one per request).
+func readAllInto(dst []byte, rd io.Reader, length, limit int64) ([]byte, error) {
+	if length > 0 && length < limit {
 		dst = slices.Grow(dst, int(length)+1) // +1: the read that sees EOF
 	}
+	start := len(dst)
 	for {
+		left := limit - int64(len(dst)-start)
+		if left <= 0 {
+			return dst, nil
+		}
 		if len(dst) == cap(dst) {
 			dst = slices.Grow(dst, max(512, cap(dst)))
 		}
-		n, err := rd.Read(dst[len(dst):cap(dst)])
+		end := min(cap(dst), len(dst)+int(min(left, int64(cap(dst)))))
+		n, err := rd.Read(dst[len(dst):end])
 		dst = dst[:len(dst)+n]
 		if err == io.EOF {
 			return dst, nil
@@ -561,8 +605,18 @@ func itemError(err error) *apiError {
 // readLocal asks this instance's service for partition p. It returns nil when
 // answered, or why not: errNotHere (forward), or an error to give the caller.
 func (s *Server) readLocal(ctx context.Context, p int32, req *service.ReadRequest) *apiError {
+	return s.readOn(ctx, s.cfg.Backend, p, req)
+}
+
+// readOn is readLocal of backend be (a group's service).
+func (s *Server) readOn(ctx context.Context, be Backend, p int32, req *service.ReadRequest) *apiError {
 	req.Timeout = s.cfg.ReadTimeout
-	switch err := s.cfg.Backend.Read(ctx, p, req); {
+	return readError(be.Read(ctx, p, req), p)
+}
+
+// readError maps a service's answer to a read of p to readLocal's.
+func readError(err error, p int32) *apiError {
+	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, service.ErrNotOwned):
@@ -581,15 +635,21 @@ var errNotHere = &apiError{status: http.StatusMisdirectedRequest, Code: "not_her
 // owner decides where a request for p that this instance cannot answer goes: the
 // owner's URL, or the 503 to give.
 func (s *Server) owner(r *http.Request, p int32) (string, *apiError) {
+	return s.ownerOn(r, s.cfg.Backend, s.cfg.Locator, p)
+}
+
+// ownerOn is owner in the consumer group of backend be, whose partitions loc
+// locates (a group's).
+func (s *Server) ownerOn(r *http.Request, be Backend, loc Locator, p int32) (string, *apiError) {
 	if r.Header.Get(forwardedHdr) != "" {
 		// Forwarded once already: the sender's table is stale or p is moving.
 		return "", unavailable("partition %d is being restored or moved", p)
 	}
-	me, _ := s.cfg.Backend.GroupMember()
-	o, ok, stable := s.cfg.Locator.Owner(p)
+	me, _ := be.GroupMember()
+	o, ok, stable := loc.Owner(p)
 	switch {
 	case !ok || !stable:
-		s.cfg.Locator.Poke()
+		loc.Poke()
 		return "", unavailable("partition %d is being assigned (the group is rebalancing)", p)
 	case o.MemberID == me:
 		return "", unavailable("partition %d is being restored on this instance", p)
@@ -601,10 +661,15 @@ func (s *Server) owner(r *http.Request, p int32) (string, *apiError) {
 
 // forward sends the request to the owner at base and copies its answer back.
 func (s *Server) forward(w http.ResponseWriter, r *http.Request, base string, body []byte) {
+	s.forwardOn(w, r, s.cfg.Locator, base, body)
+}
+
+// forwardOn is forward for a partition that loc locates (a group's).
+func (s *Server) forwardOn(w http.ResponseWriter, r *http.Request, loc Locator, base string, body []byte) {
 	resp, err := s.forwardRequest(r.Context(), r.Method, base+r.URL.RequestURI(), r.Header.Get("Authorization"), body)
 	if err != nil {
 		s.forwarded.WithLabelValues("failed").Inc()
-		s.cfg.Locator.Poke()
+		loc.Poke()
 		s.log.Warn("query API: cannot reach the partition's owner", zap.String("owner", base), zap.Error(err))
 		writeError(w, unavailable("the partition's owner is unreachable"))
 		return
@@ -664,10 +729,13 @@ func (c cancelOnClose) Close() error {
 	return err
 }
 
-func (s *Server) partitionOf(id string) (int32, *apiError) {
-	n, ok := s.cfg.Locator.Partitions()
+func (s *Server) partitionOf(id string) (int32, *apiError) { return partitionOn(s.cfg.Locator, id) }
+
+// partitionOn is the partition of id on the topic loc locates.
+func partitionOn(loc Locator, id string) (int32, *apiError) {
+	n, ok := loc.Partitions()
 	if !ok {
-		s.cfg.Locator.Poke()
+		loc.Poke()
 		return 0, unavailable("the input topic's partitions are not known yet")
 	}
 	return PartitionOf(id, n), nil

@@ -5,14 +5,15 @@ package pipeline
 //
 // It follows Lookup's rules (query.go) exactly: the same default as-of time and
 // accepted range (AsOf), the same per-entity retention check, and events pending in
-// the reorder buffer are not counted. What it reads is feature.State.ReadAt, which
-// gives at asOf the values the entity's next features record would carry if an event
-// at asOf with no effect on any feature (matching no filter, carrying no distinct
-// value, amount aside) were counted now: every window ends at asOf's bucket, a
-// filtered feature reads the filter's table over the same buckets, and a distinct
-// count counts the values last counted at or after the window's first bucket, the
-// thresholds an in-order event at asOf computes. (Such an event's own contribution
-// to the unfiltered count, sum, min and max is left out: the read counts nothing.)
+// the reorder buffer (a re-keyed group's second stage: its Merger) are not counted.
+// What it reads is feature.State.ReadAt, which gives at asOf the values the entity's
+// next features record would carry if an event at asOf with no effect on any feature
+// (matching no filter, carrying no distinct value, amount aside) were counted now:
+// every window ends at asOf's bucket, a filtered feature reads the filter's table
+// over the same buckets, and a distinct count counts the values last counted at or
+// after the window's first bucket, the thresholds an in-order event at asOf
+// computes. (Such an event's own contribution to the unfiltered count, sum, min and
+// max is left out: the read counts nothing.)
 //
 // Invariant: like Lookup it changes nothing. feature.State.ReadAt reads the tables
 // through window.Table.ReadAt and the distinct sets through their count, and writes
@@ -51,7 +52,9 @@ func (p *Processor) LookupFeatures(entity string, asOf int64, useDefault bool, r
 	if useDefault {
 		asOf = def
 	}
-	info := LookupInfo{AsOf: asOf, Pending: p.stage.Pending(), LastOffset: p.next - 1, From: from, To: to}
+	// Pending, not the reorder buffer's count: a re-keyed group's second stage holds
+	// its waiting events in its Merger.
+	info := LookupInfo{AsOf: asOf, Pending: p.Pending(), LastOffset: p.next - 1, From: from, To: to}
 	if p.fstate == nil {
 		return info, ErrNoFeatures
 	}

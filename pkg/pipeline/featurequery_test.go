@@ -10,6 +10,7 @@ import (
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/definition"
 	"github.com/velocity-consumer/velocity-consumer/pkg/feature"
+	"github.com/velocity-consumer/velocity-consumer/pkg/repartition"
 	"github.com/velocity-consumer/velocity-consumer/pkg/watermark"
 	"github.com/velocity-consumer/velocity-consumer/pkg/window"
 )
@@ -247,6 +248,47 @@ func TestLookupFeaturesPending(t *testing.T) {
 	}
 	checkRow(t, spec, row, wantRow{vals: map[string]any{"n_10s": 2, "n_1m": 2, "eur_1m": 1, "eur_sum_10s": 100, "big_min_1m": 700, "mx_10s": 700,
 		"cur_1m": 2, "cur_10s": 2, "cur2_1m": 2}, exact: map[string]bool{"cur": true, "cur2": true}})
+}
+
+// TestLookupFeaturesPendingInSecondStage: a re-keyed group's second stage holds the
+// events its Merger has not released (docs/repartition.md); they are not counted and
+// the answer says how many wait, as the reorder buffer's do at an input partition.
+func TestLookupFeaturesPendingInSecondStage(t *testing.T) {
+	spec := handSpec(t)
+	p, err := New(Config{Topic: "__velocity-repartition-g-dev", Partition: 0, Features: spec, Merge: &MergeConfig{Group: "dev", Sources: 2}}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := feature.NewRow(spec)
+	var off int64
+	send := func(rec repartition.Record) {
+		t.Helper()
+		v, err := repartition.AppendRecord(nil, &rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Process(Record{Topic: "__velocity-repartition-g-dev", Offset: off, Value: v}, func(o *Output) {
+			if o.Dead {
+				t.Fatalf("dead letter: %s", o.Err)
+			}
+		})
+		off++
+	}
+	event := func(src int32, srcOff, at int64) repartition.Record {
+		return repartition.Record{Kind: repartition.KindEvent, Watermark: at, Event: repartition.Event{
+			Source: src, Offset: srcOff, EventTime: at, Topic: "tx", Key: "dev-1", EventID: fmt.Sprint("e", src, srcOff), Amount: 10, Ext: make([]uint64, spec.Words())}}
+	}
+	send(event(0, 0, handT0))
+	send(event(0, 1, handT0+1000))
+	info, err := p.LookupFeatures("dev-1", 0, true, row)
+	if err != nil || info.Known || info.Pending != 2 || p.Pending() != 2 {
+		t.Fatalf("source 1 unheard, both held: info %+v err %v (merger holds %d)", info, err, p.Pending())
+	}
+	send(repartition.Record{Kind: repartition.KindMarker, Watermark: handT0 + 500, Event: repartition.Event{Source: 1}})
+	info, err = p.LookupFeatures("dev-1", 0, true, row)
+	if err != nil || !info.Known || info.Pending != 1 || info.AsOf != handT0 || info.LastOffset != 2 {
+		t.Fatalf("the first released: info %+v err %v", info, err)
+	}
 }
 
 // TestLookupFeaturesWithoutDefinition: the default contract has no features to read.

@@ -105,6 +105,9 @@ type ReadRequest struct {
 	Timeout time.Duration
 	timer   *time.Timer
 	done    chan struct{}
+	// w is the worker Submit handed the request to, until Wait; only the caller's
+	// goroutine touches it.
+	w *worker
 }
 
 // NewReadRequest makes a request of n items with their Aggs sized for windows.
@@ -117,11 +120,25 @@ func NewReadRequest(n, windows int) *ReadRequest {
 	return r
 }
 
-// Read hands req to partition p's worker and waits for its answer. It returns
-// ErrNotOwned when no worker of this instance serves p (now, or by the time the
-// request reaches it), ErrBusy when p's queue is full, or ctx's error; then req must
-// not be reused (the worker may still write to it).
+// Read hands req to partition p's worker and waits for its answer: Submit, then
+// Wait. It returns ErrNotOwned when no worker of this instance serves p (now, or by
+// the time the request reaches it), ErrBusy when p's queue is full, or ctx's error;
+// then req must not be reused (the worker may still write to it).
 func (s *Service) Read(ctx context.Context, p int32, req *ReadRequest) error {
+	if err := s.Submit(p, req); err != nil {
+		return err
+	}
+	return s.Wait(ctx, req)
+}
+
+// Submit hands req to partition p's worker without waiting for it; Wait then waits
+// for the answer. A caller reading several partitions (or several services' ones:
+// the query API's transaction call reads one partition of each group) hands every
+// request over before waiting for any, so that it waits for the slowest worker, not
+// for their sum, and without a goroutine per read. req.Timeout, if positive, starts
+// now. Errors as Read's; after one, Wait must not be called for req (it is not
+// handed over).
+func (s *Service) Submit(p int32, req *ReadRequest) error {
 	if len(req.Items) > MaxReadItems {
 		return ErrTooManyItems
 	}
@@ -134,20 +151,47 @@ func (s *Service) Read(ctx context.Context, p int32, req *ReadRequest) error {
 	if w == nil || w.queries == nil {
 		return ErrNotOwned
 	}
-	select {
-	case w.queries <- req:
-	case <-w.done:
-		return ErrNotOwned
-	default:
-		return ErrBusy
-	}
-	var timeout <-chan time.Time
+	// Set before the hand-over: the worker never reads these fields, and once req
+	// is in the queue it may be answered at any moment.
+	req.w = w
 	if req.Timeout > 0 {
 		if req.timer == nil {
 			req.timer = time.NewTimer(req.Timeout)
 		} else {
 			req.timer.Reset(req.Timeout) // a stopped timer's channel holds nothing (Go ≥ 1.23)
 		}
+	}
+	select {
+	case w.queries <- req:
+		return nil
+	case <-w.done:
+		s.unsubmit(req)
+		return ErrNotOwned
+	default:
+		s.unsubmit(req)
+		return ErrBusy
+	}
+}
+
+func (s *Service) unsubmit(req *ReadRequest) {
+	req.w = nil
+	if req.timer != nil {
+		req.timer.Stop()
+	}
+}
+
+// Wait waits for the answer to req, handed over by Submit: nil when answered,
+// ErrNotOwned when the worker left before serving it (or req was not handed over),
+// context.DeadlineExceeded past req.Timeout (counted from Submit), or ctx's error;
+// after an error req must not be reused (the worker may still write to it).
+func (s *Service) Wait(ctx context.Context, req *ReadRequest) error {
+	w := req.w
+	if w == nil {
+		return ErrNotOwned
+	}
+	req.w = nil
+	var timeout <-chan time.Time
+	if req.Timeout > 0 {
 		defer req.timer.Stop()
 		timeout = req.timer.C
 	}

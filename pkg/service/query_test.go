@@ -310,3 +310,74 @@ func TestServeReadsAllocatesNothing(t *testing.T) {
 		t.Fatal("card-0 read as empty")
 	}
 }
+
+// TestSubmitThenWait: requests to several workers are all handed over before any is
+// waited for. The two workers here answer only once both hold a request, so reading
+// them one after the other (Read, Read) would never finish, and Submit, Submit,
+// Wait, Wait must; a request not handed over (busy queue, no worker) is refused at
+// Submit and Wait says so.
+func TestSubmitThenWait(t *testing.T) {
+	a := &worker{queries: make(chan *ReadRequest, 1), done: make(chan struct{})}
+	b := &worker{queries: make(chan *ReadRequest, 1), done: make(chan struct{})}
+	s1 := &Service{workers: map[int32]*worker{0: a}}
+	s2 := &Service{workers: map[int32]*worker{3: b}}
+	got := make(chan *ReadRequest, 2)
+	for _, w := range []*worker{a, b} {
+		go func() {
+			r := <-w.queries
+			got <- r
+		}()
+	}
+	go func() { // the barrier: answer both once both are held
+		r1, r2 := <-got, <-got
+		for _, r := range []*ReadRequest{r1, r2} {
+			r.Items[0].Info.LastOffset = 7
+			r.Specs = []window.Spec{}
+			r.done <- struct{}{}
+		}
+	}()
+	r1, r2 := NewReadRequest(1, 1), NewReadRequest(1, 1)
+	r1.Timeout, r2.Timeout = 10*time.Second, 10*time.Second
+	if err := s1.Submit(0, r1); err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.Submit(3, r2); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range []*ReadRequest{r1, r2} {
+		if err := (&Service{}).Wait(context.Background(), r); err != nil || r.Items[0].Info.LastOffset != 7 {
+			t.Fatalf("request %d: %v %+v", i, err, r.Items[0].Info)
+		}
+	}
+	// Waited for once: a second Wait has nothing handed over.
+	if err := s1.Wait(context.Background(), r1); !errors.Is(err, ErrNotOwned) {
+		t.Fatalf("a second Wait: %v", err)
+	}
+
+	full := &worker{queries: make(chan *ReadRequest), done: make(chan struct{})} // nobody receives
+	s3 := &Service{workers: map[int32]*worker{0: full}}
+	r3 := NewReadRequest(1, 1)
+	r3.Timeout = time.Millisecond
+	if err := s3.Submit(0, r3); !errors.Is(err, ErrBusy) {
+		t.Fatalf("a full queue: %v", err)
+	}
+	if err := s3.Wait(context.Background(), r3); !errors.Is(err, ErrNotOwned) {
+		t.Fatalf("Wait after a refused Submit: %v", err)
+	}
+	if err := s3.Submit(1, r3); !errors.Is(err, ErrNotOwned) {
+		t.Fatalf("no worker: %v", err)
+	}
+	// The refused Submit stopped its timer: a later Read on a worker that answers
+	// at once is not cut short by a stale expiry.
+	time.Sleep(5 * time.Millisecond)
+	ok := &worker{queries: make(chan *ReadRequest, 1), done: make(chan struct{})}
+	go func() {
+		r := <-ok.queries
+		r.Specs = []window.Spec{}
+		r.done <- struct{}{}
+	}()
+	r3.Timeout = 10 * time.Second
+	if err := (&Service{workers: map[int32]*worker{0: ok}}).Read(context.Background(), 0, r3); err != nil {
+		t.Fatalf("a read after a refused Submit: %v", err)
+	}
+}
