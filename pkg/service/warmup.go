@@ -89,6 +89,21 @@ func (s *Service) warmUp(ctx context.Context, p int32, committed, idleFlushAt in
 		return nil, fmt.Errorf("partition %d: warm-up: find the last record before offset %d: %w", p, committed, err)
 	}
 	from := int64(0)
+	if s.cfg.Merge != nil {
+		// A re-keyed group's second stage: its order is decided by every input
+		// partition's watermarks since the start, which a window of recent
+		// records cannot restore. It re-reads what the repartition partition
+		// holds, so its state is exact unless retention deleted records the
+		// state still depended on.
+		listed, err := s.adm.ListStartOffsets(ctx, s.cfg.InputTopic)
+		if err != nil {
+			return nil, fmt.Errorf("partition %d: warm-up: list start offsets: %w", p, err)
+		}
+		if lo, ok := listed.Lookup(s.cfg.InputTopic, p); ok && lo.Err == nil {
+			from = min(lo.Offset, committed)
+		}
+		lastTs = -1
+	}
 	if lastTs >= 0 {
 		listed, err := s.adm.ListOffsetsAfterMilli(ctx, lastTs-span, s.cfg.InputTopic)
 		if err != nil {
