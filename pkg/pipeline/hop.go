@@ -157,9 +157,10 @@ func (p *Processor) emitHop(g int, rp int32, key []byte, offset, arrival int64, 
 // HopMarkers sends, as a first stage, the partition's watermark to every repartition
 // partition that has not received it (nothing sent there carried it), and, when the
 // idle rule holds (quiet), the idle verdict to every repartition partition once per
-// quiet spell. quiet is watermark.Stage.Quiet as the caller sees it: the service
-// passes it only once the partition has also read everything its fetches reported,
-// so that a slow fetch is never taken for a quiet input. Call it on the processor's
+// quiet spell. quiet is the caller's verdict that the input is quiet: the service
+// passes Quiet only once the broker confirms the partition has nothing left to read
+// (worker.idleVerdict), so that a slow fetch or a woken old owner is never taken for
+// a quiet input. Call it on the processor's
 // goroutine between records (the service does at every tick; replay does not: its
 // second stages hear every source's end instead, see EndOfInput).
 func (p *Processor) HopMarkers(quiet bool, emit func(*Output)) {
