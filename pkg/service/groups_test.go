@@ -1,0 +1,181 @@
+package service
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/velocity-consumer/velocity-consumer/internal/streamtest"
+	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+	"github.com/velocity-consumer/velocity-consumer/pkg/definition"
+	"github.com/velocity-consumer/velocity-consumer/pkg/feature"
+	"github.com/velocity-consumer/velocity-consumer/pkg/pipeline"
+	"github.com/velocity-consumer/velocity-consumer/pkg/repartition"
+	"github.com/velocity-consumer/velocity-consumer/pkg/watermark"
+)
+
+// groupsDefinition keys a re-keyed group by the currency of our Transaction
+// schema: a few busy keys that every input partition feeds, and records without
+// one.
+const groupsDefinition = `
+version: service-groups
+input: {event_id: event_id, entity_id: entity_id, event_time: event_time, amount: amount_minor}
+windows: [10s:1s, 1m:10s]
+features:
+  - {name: n, agg: count, windows: [10s, 1m]}
+groups:
+  - name: cur
+    key: currency
+    windows: [10s:1s, 1m:10s]
+    features:
+      - {name: n, agg: count, windows: [10s, 1m]}
+      - {name: spend, agg: sum, windows: [1m]}
+      - {name: entities, agg: distinct_count, field: entity_id, windows: [1m], max_exact: 4}
+`
+
+// TestRekeyedGroupThroughTheService runs a first-stage service and a second-stage
+// service over a real group protocol (kfake), with idle release on, and the input
+// produced then left quiet: the group's topic ends up with one row per accepted
+// record with a currency, each the same bytes as the in-process two stages compute,
+// which only the first stage's idle markers can release at the end of the input.
+// Every hop record on the repartition topic is where its key says.
+func TestRekeyedGroupThroughTheService(t *testing.T) {
+	for _, eos := range []bool{false, true} {
+		t.Run(fmt.Sprintf("exactly-once=%v", eos), func(t *testing.T) { testRekeyedGroup(t, eos) })
+	}
+}
+
+func testRekeyedGroup(t *testing.T, eos bool) {
+	const partitions = 3
+	brokers := newCluster(t, partitions)
+	st := streamtest.Generate(inTopic, 5, 2000, partitions)
+	produce(t, brokers, st.Records)
+	d, err := definition.Parse("groups.yaml", []byte(groupsDefinition))
+	if err != nil {
+		t.Fatal(err)
+	}
+	comp, err := definition.Compile(d, "", codec.DefaultLimits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	specs, err := definition.EngineSpecs(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	repTopic, groupOut := "__velocity-repartition-g-cur", "features.cur"
+	hops := []pipeline.HopGroup{{Name: "cur", Topic: repTopic, Words: specs[1].Spec.Words()}}
+	store := checkpoint.NewMemoryStore()
+
+	first := testConfig(t, brokers, store)
+	first.Specs, first.Features, first.Decoder, first.Hops = slices.Clone(specs[0].Spec.Windows), specs[0].Spec, comp.Decoder(), hops
+	first.Watermark = watermark.Config{AllowedLateness: 500, IdleTimeout: 400 * time.Millisecond}
+	first.ExactlyOnce = eos
+	second := testConfig(t, brokers, store)
+	second.Group, second.InputTopic, second.OutputTopic = "g.cur", repTopic, groupOut
+	second.Specs, second.Features, second.Merge = slices.Clone(specs[1].Spec.Windows), specs[1].Spec, &MergeGroup{Name: "cur"}
+	second.ExactlyOnce, second.Host = eos, "second"
+	startService(t, first)
+	startService(t, second)
+
+	// The in-process two stages over the same records: the expected rows.
+	want := map[streamtest.Source][]byte{}
+	var firsts [partitions]*pipeline.Processor
+	var seconds [partitions]*pipeline.Processor
+	for p := range int32(partitions) {
+		if firsts[p], err = pipeline.New(pipeline.Config{Topic: inTopic, Partition: p, Specs: first.Specs, Watermark: watermark.Config{AllowedLateness: 500},
+			Decoder: comp.Decoder(), Features: specs[0].Spec, Hops: &pipeline.HopConfig{Groups: hops, Partitions: partitions}}, 0); err != nil {
+			t.Fatal(err)
+		}
+		if seconds[p], err = pipeline.New(pipeline.Config{Topic: repTopic, Partition: p, Specs: second.Specs, Features: specs[1].Spec,
+			Merge: &pipeline.MergeConfig{Group: "cur", Sources: partitions}}, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var off int64
+	collect := func(o *pipeline.Output) {
+		if o.Dead {
+			t.Fatalf("in-process second stage dead-lettered %s/%d: %s", o.Reason, o.SourceOffset, o.Err)
+		}
+		want[streamtest.Source{Partition: o.SourcePartition, Offset: o.SourceOffset}] = bytes.Clone(o.Value)
+	}
+	route := func(o *pipeline.Output) {
+		if o.Hop {
+			seconds[o.Partition].Process(pipeline.Record{Topic: repTopic, Partition: o.Partition, Offset: off, Value: o.Value}, collect)
+			off++
+		}
+	}
+	next := map[int32]int64{}
+	for _, r := range st.Records {
+		firsts[r.Partition].Process(pipeline.Record{Topic: inTopic, Partition: r.Partition, Offset: next[r.Partition], Key: r.Key, Value: r.Value}, route)
+		next[r.Partition]++
+	}
+	for p := range firsts {
+		firsts[p].Flush(route)
+		firsts[p].EndOfInput(route)
+	}
+	if len(want) < 500 {
+		t.Fatalf("only %d rows expected: the stream does not exercise the group", len(want))
+	}
+
+	// The group's topic, read_committed.
+	spec := specs[1].Spec
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(groupOut, repTopic), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	got := map[streamtest.Source][]byte{}
+	copies := 0
+	var dec repartition.Decoder
+	var rec repartition.Record
+	var head feature.Head
+	row := feature.NewRow(spec)
+	for len(got) < len(want) {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("read %d of %d rows of %s: %v", len(got), len(want), groupOut, ctx.Err())
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			if r.Topic == repTopic {
+				if err := dec.Decode(r.Value, &rec); err != nil {
+					t.Fatalf("repartition record %d/%d: %v", r.Partition, r.Offset, err)
+				}
+				if rec.Kind == repartition.KindEvent && repartition.PartitionFor(rec.Key, partitions) != r.Partition {
+					t.Fatalf("hop of key %q on repartition partition %d, murmur2 says %d", rec.Key, r.Partition, repartition.PartitionFor(rec.Key, partitions))
+				}
+				return
+			}
+			if err := feature.ParseRow(r.Value, spec, &head, row); err != nil {
+				t.Fatal(err)
+			}
+			k := streamtest.Source{Partition: head.SourcePartition, Offset: head.SourceOffset}
+			if prev, ok := got[k]; ok {
+				copies++
+				if !bytes.Equal(prev, r.Value) {
+					t.Fatalf("%v published twice with different values", k)
+				}
+			}
+			got[k] = r.Value
+		})
+	}
+	for k, v := range want {
+		if !bytes.Equal(got[k], v) {
+			t.Fatalf("input %v: the services published another row than the in-process stages", k)
+		}
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d rows for %d expected", len(got), len(want))
+	}
+	if eos && copies > 0 {
+		t.Fatalf("%d rows read twice under exactly-once", copies)
+	}
+}
