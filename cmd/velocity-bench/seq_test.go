@@ -2,10 +2,10 @@ package main
 
 import (
 	"os"
-	"syscall"
 	"testing"
 	"unsafe"
 
+	"github.com/velocity-consumer/velocity-consumer/internal/cpuclock"
 	"github.com/velocity-consumer/velocity-consumer/pkg/window"
 )
 
@@ -72,7 +72,7 @@ func BenchmarkSeedSequence(b *testing.B) {
 			var sink int64
 			expired := 0
 			b.ReportAllocs()
-			cpu0 := cpuNanos()
+			cpu0 := cpuclock.Nanos()
 			for b.Loop() {
 				tbl, err := window.NewTable(specs, window.Options{})
 				if err != nil {
@@ -96,7 +96,7 @@ func BenchmarkSeedSequence(b *testing.B) {
 					sink += out[0].Count + out[0].Sum
 				}
 			}
-			cpu := cpuNanos() - cpu0
+			cpu := cpuclock.Nanos() - cpu0
 			if sink == 0 || expired > 0 {
 				b.Fatalf("sink=%d expired=%d: the sequence was not applied as expected", sink, expired)
 			}
@@ -104,15 +104,4 @@ func BenchmarkSeedSequence(b *testing.B) {
 			b.ReportMetric(float64(cpu)/float64(b.N)/float64(len(evs)), "cpu-ns/event")
 		})
 	}
-}
-
-// cpuNanos is the process's user+system CPU time (getrusage). On a shared machine
-// wall time includes time spent descheduled; CPU per event is the steadier figure.
-// It includes the GC's background workers, which a pass from empty state keeps busy.
-func cpuNanos() int64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return ru.Utime.Nano() + ru.Stime.Nano()
 }

@@ -2,9 +2,9 @@ package definition
 
 import (
 	"strconv"
-	"syscall"
 	"testing"
 
+	"github.com/velocity-consumer/velocity-consumer/internal/cpuclock"
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 )
 
@@ -103,13 +103,13 @@ func BenchmarkDecodeGroups(b *testing.B) {
 			var tx codec.Transaction
 			b.ReportAllocs()
 			b.SetBytes(int64(len(value)))
-			cpu0 := cpuNanos()
+			cpu0 := cpuclock.Nanos()
 			for b.Loop() {
 				if rej := dec.Decode(value, 0, false, &tx); rej != nil {
 					b.Fatal(rej)
 				}
 			}
-			b.ReportMetric(float64(cpuNanos()-cpu0)/float64(b.N), "cpu-ns/op")
+			b.ReportMetric(float64(cpuclock.Nanos()-cpu0)/float64(b.N), "cpu-ns/op")
 			if len(tx.Groups) != n {
 				b.Fatalf("%d groups decoded, want %d", len(tx.Groups), n)
 			}
@@ -147,15 +147,4 @@ func TestDecodeGroupsAllocations(t *testing.T) {
 			t.Errorf("%s: %v allocations per record, want at most %v (ids and present keys)", tc.name, allocs, tc.max)
 		}
 	}
-}
-
-// cpuNanos is the process's user+system CPU time. The machine is shared and
-// wall-clock ns/op includes time spent descheduled; CPU time per op
-// (cpu-ns/op) is the steadier figure under load. It includes GC workers.
-func cpuNanos() int64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return ru.Utime.Nano() + ru.Stime.Nano()
 }

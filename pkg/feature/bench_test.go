@@ -9,6 +9,7 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/velocity-consumer/velocity-consumer/internal/cpuclock"
 	"github.com/velocity-consumer/velocity-consumer/pkg/window"
 )
 
@@ -85,14 +86,6 @@ func threadNanos() int64 {
 	return ts.Nano()
 }
 
-func cpuNanos() int64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return ru.Utime.Nano() + ru.Stime.Nano()
-}
-
 // BenchmarkApply compares, in the same run and interleaved in chunks of 4096 events
 // so that the shared machine's noise hits both alike, window.Table.Apply (today's
 // unfiltered path) with State.Apply for the default-like definition (count, sum,
@@ -162,7 +155,7 @@ func BenchmarkApply(b *testing.B) {
 				runtime.LockOSThread()
 				defer runtime.UnlockOSThread()
 				var stateNs, tableNs int64
-				cpu0 := cpuNanos()
+				cpu0 := cpuclock.Nanos()
 				for done := 0; done < b.N; {
 					n := min(chunk, b.N-done)
 					t0 := threadNanos()
@@ -174,7 +167,7 @@ func BenchmarkApply(b *testing.B) {
 					done += n
 				}
 				b.StopTimer()
-				b.ReportMetric(float64(cpuNanos()-cpu0)/float64(b.N), "cpu-ns/op")
+				b.ReportMetric(float64(cpuclock.Nanos()-cpu0)/float64(b.N), "cpu-ns/op")
 				b.ReportMetric(float64(tableNs)/float64(b.N), "table-cpu-ns/event")
 				b.ReportMetric(float64(stateNs)/float64(b.N), "state-cpu-ns/event")
 				b.ReportMetric(float64(stateNs)/float64(tableNs), "state/table")

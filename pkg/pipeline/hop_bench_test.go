@@ -10,6 +10,7 @@ import (
 
 	"github.com/linkedin/goavro/v2"
 
+	"github.com/velocity-consumer/velocity-consumer/internal/cpuclock"
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/definition"
 	"github.com/velocity-consumer/velocity-consumer/pkg/repartition"
@@ -140,6 +141,7 @@ func BenchmarkGroups(b *testing.B) {
 			}
 			b.ReportAllocs()
 			b.ResetTimer()
+			cpu0 := cpuclock.Nanos()
 			// The partitions take turns in slices of 64 records, as fetches of
 			// several partitions interleave in a live process.
 			var next [benchSources]int
@@ -159,6 +161,7 @@ func BenchmarkGroups(b *testing.B) {
 					}
 				}
 			}
+			b.ReportMetric(float64(cpuclock.Nanos()-cpu0)/float64(b.N), "cpu-ns/op")
 		})
 	}
 }

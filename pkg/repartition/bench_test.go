@@ -3,24 +3,14 @@ package repartition
 import (
 	"fmt"
 	"math/rand/v2"
-	"syscall"
 	"testing"
-)
 
-// cpuNanos is the process's user + system CPU time: on the shared, loaded machine
-// wall time per op moves several-fold between runs, CPU time much less, so each
-// benchmark also reports cpu-ns/op.
-func cpuNanos() int64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return ru.Utime.Nano() + ru.Stime.Nano()
-}
+	"github.com/velocity-consumer/velocity-consumer/internal/cpuclock"
+)
 
 func reportCPU(b *testing.B, cpu0 int64) {
 	if b.N > 0 {
-		b.ReportMetric(float64(cpuNanos()-cpu0)/float64(b.N), "cpu-ns/op")
+		b.ReportMetric(float64(cpuclock.Nanos()-cpu0)/float64(b.N), "cpu-ns/op")
 	}
 }
 
@@ -93,7 +83,7 @@ func BenchmarkMerger(b *testing.B) {
 				b.ReportAllocs()
 				b.ResetTimer()
 				released = 0
-				cpu0 := cpuNanos()
+				cpu0 := cpuclock.Nanos()
 				for b.Loop() {
 					one()
 				}
@@ -114,7 +104,7 @@ func BenchmarkRecord(b *testing.B) {
 		dst := make([]byte, 0, 128)
 		b.ReportAllocs()
 		b.SetBytes(int64(len(buf)))
-		cpu0 := cpuNanos()
+		cpu0 := cpuclock.Nanos()
 		for b.Loop() {
 			dst, _ = AppendRecord(dst[:0], &r)
 		}
@@ -125,7 +115,7 @@ func BenchmarkRecord(b *testing.B) {
 		var out Record
 		b.ReportAllocs()
 		b.SetBytes(int64(len(buf)))
-		cpu0 := cpuNanos()
+		cpu0 := cpuclock.Nanos()
 		for b.Loop() {
 			if err := d.Decode(buf, &out); err != nil {
 				b.Fatal(err)

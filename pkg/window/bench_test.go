@@ -10,9 +10,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"unsafe"
+
+	"github.com/velocity-consumer/velocity-consumer/internal/cpuclock"
 )
 
 // BenchmarkApplyHotEntity: one entity, the four default windows, every aggregate read
@@ -36,7 +37,7 @@ func BenchmarkApplyHotEntity(b *testing.B) {
 			var sink int64
 			b.ReportAllocs()
 			b.ResetTimer()
-			cpu0 := cpuNanos()
+			cpu0 := cpuclock.Nanos()
 			for i := 0; b.Loop(); i++ {
 				now += step
 				if _, _, err := tbl.Apply("card-hot", now, amounts[i&4095], out); err != nil {
@@ -135,7 +136,7 @@ func BenchmarkApplyMillionEntities(b *testing.B) {
 	out := make([]Agg, 4)
 	b.ReportAllocs()
 	b.ResetTimer()
-	cpu0 := cpuNanos()
+	cpu0 := cpuclock.Nanos()
 	for b.Loop() {
 		stepMillion(out)
 	}
@@ -159,7 +160,7 @@ func BenchmarkApplyMillionEntitiesLookahead(b *testing.B) {
 			}
 			b.ReportAllocs()
 			b.ResetTimer()
-			cpu0 := cpuNanos()
+			cpu0 := cpuclock.Nanos()
 			for b.Loop() {
 				m.tbl.Prefetch(ring.format(m.pos+2*d, m.order))
 				m.tbl.PrefetchRecord(ring.id(m.pos + d))
@@ -288,7 +289,7 @@ func BenchmarkBaselineMapLookup1M(b *testing.B) {
 	var sink uint32
 	b.ReportAllocs()
 	b.ResetTimer()
-	cpu0 := cpuNanos()
+	cpu0 := cpuclock.Nanos()
 	for i := 0; b.Loop(); i++ {
 		n := order[i&(len(order)-1)]
 		for j := len(buf) - 1; j >= 5; j-- {
@@ -346,7 +347,7 @@ func BenchmarkBaselineDenseRingHot(b *testing.B) {
 	var sink int64
 	b.ReportAllocs()
 	b.ResetTimer()
-	cpu0 := cpuNanos()
+	cpu0 := cpuclock.Nanos()
 	for i := 0; b.Loop(); i++ {
 		now += 100
 		apply(now, amounts[i&4095], out)
@@ -358,21 +359,10 @@ func BenchmarkBaselineDenseRingHot(b *testing.B) {
 	}
 }
 
-// cpuNanos is the process's user+system CPU time. The machine these benchmarks run on
-// is shared, and wall-clock ns/op includes time spent descheduled; CPU time per op
-// (reported as cpu-ns/op) is the steadier figure under load. It includes GC workers.
-func cpuNanos() int64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return ru.Utime.Nano() + ru.Stime.Nano()
-}
-
 // reportCPU adds cpu-ns/op for a loop that started at cpu0 and ran b.N times.
 func reportCPU(b *testing.B, cpu0 int64) {
 	if b.N > 0 {
-		b.ReportMetric(float64(cpuNanos()-cpu0)/float64(b.N), "cpu-ns/op")
+		b.ReportMetric(float64(cpuclock.Nanos()-cpu0)/float64(b.N), "cpu-ns/op")
 	}
 }
 
