@@ -18,6 +18,7 @@ import (
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/definition"
 	"github.com/velocity-consumer/velocity-consumer/pkg/feature"
+	"github.com/velocity-consumer/velocity-consumer/pkg/window"
 )
 
 func TestParseProcSpecGroups(t *testing.T) {
@@ -494,5 +495,96 @@ func TestGroupsTable(t *testing.T) {
 	}
 	if !strings.Contains(out, "| ours:groups=1 | 100 | 2 | [0] | [10] | 3.00 | — | — |") {
 		t.Errorf("groups=1 row:\n%s", out)
+	}
+}
+
+// checkPeerRows finds the rows that differ from our engine's, and only those: rows
+// computed by the engine itself in arrival order are identical; a changed value, a
+// changed gap, a duplicate, a row that does not decode or names no input are each
+// reported as such.
+func TestCheckPeerRows(t *testing.T) {
+	w := DefaultWorkload(200, 3000)
+	w.Format = FormatPayments
+	gen, _ := NewGenerator(w)
+	inputs := map[srcKey][]byte{}
+	var order []srcKey
+	for {
+		ev, ok := gen.Next()
+		if !ok {
+			break
+		}
+		k := srcKey{int32(gen.Index() % 4), int64(gen.Index() / 4)}
+		inputs[k] = gen.Record(ev, w.EventTime(gen.Index(), ev.DisorderMs)).Value
+		order = append(order, k)
+	}
+	for _, g := range benchGroups {
+		spec, err := GroupSpec(g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, _ := definition.Parse("x.yaml", []byte(inputYAML(g.Key)+g.featuresYAML("")))
+		comp, err := definition.Compile(d, paymentEventSchema, codec.Limits{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, _ := feature.NewState(*spec, window.Options{})
+		row := feature.NewRow(spec)
+		var rows [][]byte
+		var tx codec.Transaction
+		for _, k := range order {
+			if rej := comp.Decoder().Decode(inputs[k], 0, false, &tx); rej != nil {
+				t.Fatalf("input %v: %+v", k, rej)
+			}
+			gap, hasPrev, err := st.Apply(tx.EntityID, tx.EventTime, tx.AmountMinor, tx.Ext, row)
+			if err != nil {
+				continue // expired: the peer would count it nowhere either
+			}
+			h := feature.Head{EventID: tx.EventID, EntityID: tx.EntityID, EventTime: tx.EventTime, MsSincePrevious: gap, HasPrevious: hasPrev,
+				SourceTopic: "in", SourcePartition: k.P, SourceOffset: k.O}
+			rows = append(rows, feature.AppendRow(nil, spec, &h, row))
+		}
+		res, err := checkPeerRows(g, inputs, rows, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Compared != len(rows) || res.Identical != len(rows) || res.Bad+res.Refused+res.Duplicates != 0 {
+			t.Errorf("%s: the engine's own rows: %+v", g.Name, res)
+		}
+		// Tamper with the last row: its last value (spend, or for device the
+		// distinct count) off by one.
+		last := rows[len(rows)-1]
+		var h feature.Head
+		pr := feature.NewRow(spec)
+		if err := feature.ParseRow(last, spec, &h, pr); err != nil {
+			t.Fatal(err)
+		}
+		pr.Values[len(pr.Values)-1]++
+		bent := feature.AppendRow(nil, spec, &h, pr)
+		h2 := h
+		h2.SourceOffset = 1 << 40 // no such input
+		cases := []struct {
+			name  string
+			rows  [][]byte
+			check func(peerCheck) bool
+		}{
+			{"changed value", append(append([][]byte{}, rows[:len(rows)-1]...), bent), func(r peerCheck) bool {
+				return len(r.Differing) == 1 && r.Identical == len(rows)-1 && len(r.Examples) == 1
+			}},
+			{"duplicate", append(append([][]byte{}, rows...), rows[0]), func(r peerCheck) bool {
+				return r.Duplicates == 1 && r.Identical == len(rows)
+			}},
+			{"truncated", append(append([][]byte{}, rows...), last[:len(last)-1]), func(r peerCheck) bool {
+				return r.Bad == 1 && r.Identical == len(rows)
+			}},
+			{"no such input", append(append([][]byte{}, rows...), feature.AppendRow(nil, spec, &h2, pr)), func(r peerCheck) bool {
+				return r.Bad == 1 && r.Identical == len(rows)
+			}},
+		}
+		for _, c := range cases {
+			r, err := checkPeerRows(g, inputs, c.rows, 3)
+			if err != nil || !c.check(r) {
+				t.Errorf("%s, %s: %+v, %v", g.Name, c.name, r, err)
+			}
+		}
 	}
 }
