@@ -505,6 +505,7 @@ func TestGroupsTable(t *testing.T) {
 func TestCheckPeerRows(t *testing.T) {
 	w := DefaultWorkload(200, 3000)
 	w.Format = FormatPayments
+	w.StepMicros = 1_000_000 // 50 minutes of event time: longer than every group's shortest window
 	gen, _ := NewGenerator(w)
 	inputs := map[srcKey][]byte{}
 	var order []srcKey
@@ -562,6 +563,30 @@ func TestCheckPeerRows(t *testing.T) {
 		bent := feature.AppendRow(nil, spec, &h, pr)
 		h2 := h
 		h2.SourceOffset = 1 << 40 // no such input
+		// The peer applies an event of the last row's key far behind the key's newest
+		// (a copy of the key's first input, as from another partition): ours refuses
+		// it as expired, and the key's next row, which the peer computed with that
+		// event counted, is a difference by design, not a bug.
+		key := lastKey(t, rows, spec)
+		var first []byte
+		for _, v := range rows {
+			if feature.ParseRow(v, spec, &h, pr) == nil && h.EntityID == key {
+				first = inputs[srcKey{h.SourcePartition, h.SourceOffset}]
+				break
+			}
+		}
+		if err := feature.ParseRow(last, spec, &h, pr); err != nil {
+			t.Fatal(err)
+		}
+		inputs[srcKey{9, 0}], inputs[srcKey{9, 1}] = first, inputs[srcKey{h.SourcePartition, h.SourceOffset}]
+		hx, hy := h, h
+		hx.SourcePartition, hx.SourceOffset = 9, 0
+		hy.SourcePartition, hy.SourceOffset = 9, 1
+		eventOf(t, g, first, &hx)
+		expiredRow := feature.AppendRow(nil, spec, &hx, pr) // its values do not matter: refused
+		pr.Values[0] += 1000
+		afterRow := feature.AppendRow(nil, spec, &hy, pr)
+		reordered := append(append([][]byte{}, rows...), expiredRow, afterRow)
 		cases := []struct {
 			name  string
 			rows  [][]byte
@@ -579,6 +604,9 @@ func TestCheckPeerRows(t *testing.T) {
 			{"no such input", append(append([][]byte{}, rows...), feature.AppendRow(nil, spec, &h2, pr)), func(r peerCheck) bool {
 				return r.Bad == 1 && r.Identical == len(rows)
 			}},
+			{"an event far behind the key's newest", reordered, func(r peerCheck) bool {
+				return r.Refused == 1 && r.AfterExpired == 1 && len(r.Differing) == 0 && r.Identical == len(rows)
+			}},
 		}
 		for _, c := range cases {
 			r, err := checkPeerRows(g, inputs, c.rows, 3)
@@ -587,4 +615,32 @@ func TestCheckPeerRows(t *testing.T) {
 			}
 		}
 	}
+}
+
+// lastKey is the entity of the last row that decodes.
+func lastKey(t *testing.T, rows [][]byte, spec *feature.Spec) string {
+	var h feature.Head
+	if err := feature.ParseRow(rows[len(rows)-1], spec, &h, feature.NewRow(spec)); err != nil {
+		t.Fatal(err)
+	}
+	return h.EntityID
+}
+
+// eventOf sets h's event id and time to those of input value v under g's mapping,
+// so that a synthetic row names its input's event.
+func eventOf(t *testing.T, g benchGroup, v []byte, h *feature.Head) {
+	t.Helper()
+	d, err := definition.Parse("x.yaml", []byte(inputYAML(g.Key)+g.featuresYAML("")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := definition.Compile(d, paymentEventSchema, codec.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tx codec.Transaction
+	if rej := c.Decoder().Decode(v, 0, false, &tx); rej != nil {
+		t.Fatalf("decode: %+v", rej)
+	}
+	h.EventID, h.EventTime = tx.EventID, tx.EventTime
 }
