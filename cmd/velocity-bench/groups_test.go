@@ -161,8 +161,9 @@ func TestPaymentRecordsDecode(t *testing.T) {
 		if amt, ok := m["amount"].(*big.Rat); !ok || amt.Cmp(big.NewRat(ev.AmountMin, 100)) != 0 {
 			t.Fatalf("event %d amount %v, want %d/100", g.Index(), m["amount"], ev.AmountMin)
 		}
-		if m["txn_id"] != string(ev.ID[:]) || card != EntityID(ev.Entity) || m["currency"] != ev.Currency ||
-			m["ts"].(time.Time).UnixMilli() != ts || dev != string(appendDeviceID(nil, deviceOf(ev.Entity))) {
+		if m["txn_id"] != string(ev.ID[:]) || card != EntityID(ev.Entity) || m["status"] != "APPROVED" ||
+			m["merchant"] != nil || m["card"].(map[string]any)["bin"] != nil ||
+			m["ts"].(time.Time).UnixMicro() != ts*1000 || dev != string(appendDeviceID(nil, deviceOf(ev.Entity))) {
 			t.Fatalf("event %d decodes as %v, want id %s card %s ts %d", g.Index(), m, ev.ID[:], EntityID(ev.Entity), ts)
 		}
 		if want := string(appendIP(nil, w.Seed, g.Index(), deviceOf(ev.Entity))); ip != want {
