@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -43,7 +44,7 @@ func (r *runner) runGroupsThroughput(ctx context.Context, p ProcSpec, input stri
 		res.Err = err.Error()
 		return res
 	}
-	res.ProcessLogPath = dir + "/processor.log"
+	res.ProcessLogPath = filepath.Join(dir, "processor.log")
 	start := time.Now()
 	c, err := startChild(cmd)
 	if err != nil {
@@ -118,8 +119,8 @@ type groupsScan struct {
 	LastAppend   time.Time
 }
 
-// tally accounts one output record of a groups run: topics[g] holds group g's rows
-// (decoded with specs[g]), dlq the dead letters.
+// groupsTally accounts the output records of a groups run: topics[g] holds group g's
+// rows (decoded with specs[g]), dlq the dead letters.
 type groupsTally struct {
 	topicGroup map[string]int
 	dlq        string
