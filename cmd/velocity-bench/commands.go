@@ -267,6 +267,9 @@ func describe(r Result) string {
 			s += fmt.Sprintf(" p99 to input append=%.0fms, to emitted_at=%.0fms, emitted_at to output append=%.0fms", r.P99ToInputMs, r.P99ToEmitMs, r.P99FromEmitMs)
 		}
 	}
+	if len(r.DeadLetterReasons) > 0 {
+		s += fmt.Sprintf(" dead letters %v", r.DeadLetterReasons)
+	}
 	s += fmt.Sprintf(" rss=%.0fMiB cpu=%.1fs (%.2f s/M)", r.PeakRSSMiB, r.CPUSec, r.CPUSecPerMEvt)
 	if st := r.Steady.String(); st != "" {
 		s += " " + st

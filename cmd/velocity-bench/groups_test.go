@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -439,11 +440,16 @@ func TestGroupsTally(t *testing.T) {
 		h := feature.Head{EventID: "e", EntityID: key, EventTime: 1, SourceTopic: "in", SourcePartition: 1, SourceOffset: off}
 		return &kgo.Record{Topic: topics[g], Value: feature.AppendRow(nil, specs[g], &h, r), Timestamp: time.UnixMilli(1000 + off)}
 	}
-	dead := func(off int64) *kgo.Record {
-		return &kgo.Record{Topic: "dlq", Timestamp: time.UnixMilli(5000), Headers: []kgo.RecordHeader{
+	dead := func(group string, off int64) *kgo.Record {
+		hs := []kgo.RecordHeader{
 			{Key: codec.HeaderSourcePartition, Value: []byte("1")},
-			{Key: codec.HeaderSourceOffset, Value: []byte("9")},
-		}}
+			{Key: codec.HeaderSourceOffset, Value: []byte(strconv.FormatInt(off, 10))},
+			{Key: codec.HeaderReason, Value: []byte("late")},
+		}
+		if group != "" {
+			hs = append(hs, kgo.RecordHeader{Key: headerGroup, Value: []byte(group)})
+		}
+		return &kgo.Record{Topic: "dlq", Timestamp: time.UnixMilli(5000), Headers: hs}
 	}
 	for _, c := range []struct {
 		name     string
@@ -452,15 +458,19 @@ func TestGroupsTally(t *testing.T) {
 		want     groupsScan
 	}{
 		{"every group answers both", []*kgo.Record{row(0, "c1", 0), row(1, "d1", 0), row(2, "i1", 0), row(0, "c2", 1), row(1, "d1", 1), row(2, "i1", 1)},
-			2, groupsScan{Rows: []int{2, 2, 2}, Keys: []int{2, 1, 1}, Unique: 2}},
-		{"a dead letter answers for all", []*kgo.Record{row(0, "c1", 0), row(1, "d1", 0), row(2, "i1", 0), dead(9)},
-			2, groupsScan{Rows: []int{1, 1, 1}, Keys: []int{1, 1, 1}, DeadLetters: 1, Unique: 2}},
+			2, groupsScan{Rows: []int{2, 2, 2}, Keys: []int{2, 1, 1}, Unique: 2, Reasons: map[string]int{}}},
+		{"an input partition's dead letter answers for all", []*kgo.Record{row(0, "c1", 0), row(1, "d1", 0), row(2, "i1", 0), dead("", 9)},
+			2, groupsScan{Rows: []int{1, 1, 1}, Keys: []int{1, 1, 1}, DeadLetters: 1, Unique: 2, Reasons: map[string]int{"input:late": 1}}},
+		{"a second stage's dead letter answers for its group", []*kgo.Record{row(0, "c1", 0), row(1, "d1", 0), row(2, "i1", 0), row(0, "c1", 9), row(2, "i1", 9), dead("device", 9)},
+			2, groupsScan{Rows: []int{2, 1, 2}, Keys: []int{1, 1, 1}, DeadLetters: 1, Unique: 2, Reasons: map[string]int{"device:late": 1}}},
+		{"a second stage's dead letter does not answer for the others", []*kgo.Record{row(0, "c1", 0), row(1, "d1", 0), row(2, "i1", 0), dead("device", 9)},
+			1, groupsScan{Rows: []int{1, 1, 1}, Keys: []int{1, 1, 1}, DeadLetters: 1, Unique: 1, Reasons: map[string]int{"device:late": 1}}},
 		{"the slowest group counts", []*kgo.Record{row(0, "c1", 0), row(0, "c2", 1), row(1, "d1", 0)},
-			0, groupsScan{Rows: []int{2, 1, 0}, Keys: []int{2, 1, 0}, Unique: 0}},
+			0, groupsScan{Rows: []int{2, 1, 0}, Keys: []int{2, 1, 0}, Unique: 0, Reasons: map[string]int{}}},
 		{"duplicate row", []*kgo.Record{row(0, "c1", 0), row(0, "c1", 0)},
-			0, groupsScan{Rows: []int{2, 0, 0}, Keys: []int{1, 0, 0}, Dups: 1}},
+			0, groupsScan{Rows: []int{2, 0, 0}, Keys: []int{1, 0, 0}, Dups: 1, Reasons: map[string]int{}}},
 		{"another group's row is a bad value", []*kgo.Record{{Topic: topics[2], Value: row(1, "d1", 0).Value}},
-			0, groupsScan{Rows: []int{0, 0, 1}, Keys: []int{0, 0, 0}, BadValues: 1}},
+			0, groupsScan{Rows: []int{0, 0, 1}, Keys: []int{0, 0, 0}, BadValues: 1, Reasons: map[string]int{}}},
 	} {
 		tl := newGroupsTally(topics, "dlq", specs)
 		for _, r := range c.recs {

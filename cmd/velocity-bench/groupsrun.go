@@ -8,6 +8,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/feature"
 )
 
@@ -60,16 +61,25 @@ func (r *runner) runGroupsThroughput(ctx context.Context, p ProcSpec, input stri
 		}
 	}
 	defer stop()
-	// Every input is answered once per group: a row in each group's topic, or one
-	// dead letter that stands for all of them.
+	// Every input is answered once per group: a row in each group's topic, or a dead
+	// letter, which stands for every group when the input partition decided it and
+	// for its own group only when a re-keyed group's second stage did (header
+	// velocity.group). So the wait reads the dead letters (a few per cent of the
+	// records) to tell the two apart.
 	n := int64(p.Groups)
+	dead, err := newDeadLetterCounter(r.brokers, dlq)
+	if err != nil {
+		res.Err = err.Error()
+		return res
+	}
+	defer dead.close()
 	count := func() (int64, error) {
 		rows, err := endOffsetSum(ctx, r.adm, topics...)
 		if err != nil {
 			return 0, err
 		}
-		dead, err := endOffsetSum(ctx, r.adm, dlq)
-		return rows + n*dead, err
+		all, one := dead.poll(ctx)
+		return rows + n*all + one, nil
 	}
 	if err := r.waitCount(ctx, c, count, n*int64(want), r.runTimeout); err != nil {
 		res.Err = err.Error()
@@ -87,7 +97,7 @@ func (r *runner) runGroupsThroughput(ctx context.Context, p ProcSpec, input stri
 	stop()
 	res.ExitCPUSec = exit.CPU.Seconds()
 	res.ExitMaxRSSMiB = float64(exit.PeakRSSB) / (1 << 20)
-	res.GroupRows, res.GroupKeys = sr.Rows, sr.Keys
+	res.GroupRows, res.GroupKeys, res.DeadLetterReasons = sr.Rows, sr.Keys, sr.Reasons
 	res.DeadLetters, res.Dups, res.BadValues = sr.DeadLetters, sr.Dups, sr.BadValues
 	res.Unique = sr.Unique
 	for _, x := range sr.Rows {
@@ -110,6 +120,9 @@ type groupsScan struct {
 	Rows        []int // feature rows per group
 	Keys        []int // distinct entity_id (the group's key) per group
 	DeadLetters int
+	// Reasons counts the dead letters by "<group>:<reason>", <group> "input" for
+	// those the input partition decided (they answer for every group).
+	Reasons map[string]int
 	// Unique is the number of inputs every group answered (a row in each, or a
 	// dead letter); Dups counts rows or dead letters for an input that a group had
 	// answered already.
@@ -129,12 +142,14 @@ type groupsTally struct {
 	head       feature.Head
 	seen       []*offsetSet
 	keys       []map[string]struct{}
+	dead       []int // dead letters that answer for group g
 	res        groupsScan
 }
 
 func newGroupsTally(topics []string, dlq string, specs []*feature.Spec) *groupsTally {
-	t := &groupsTally{topicGroup: map[string]int{}, dlq: dlq, specs: specs}
+	t := &groupsTally{topicGroup: map[string]int{}, dlq: dlq, specs: specs, dead: make([]int, len(topics))}
 	t.res.Rows = make([]int, len(topics))
+	t.res.Reasons = map[string]int{}
 	for g, name := range topics {
 		t.topicGroup[name] = g
 		t.rows = append(t.rows, feature.NewRow(specs[g]))
@@ -155,8 +170,13 @@ func (t *groupsTally) add(r *kgo.Record) {
 	if r.Topic == t.dlq {
 		t.res.DeadLetters++
 		p, off := dlqSource(r)
-		for _, s := range t.seen {
-			s.Add(p, off)
+		group, reason := deadLetterGroup(r)
+		t.res.Reasons[group+":"+reason]++
+		for g, s := range t.seen {
+			if group == inputDecided || group == benchGroups[g].Name {
+				s.Add(p, off)
+				t.dead[g]++
+			}
 		}
 		return
 	}
@@ -177,7 +197,7 @@ func (t *groupsTally) add(r *kgo.Record) {
 func (t *groupsTally) answered() int {
 	least := -1
 	for g := range t.seen {
-		if n := t.res.Rows[g] + t.res.DeadLetters; least < 0 || n < least {
+		if n := t.res.Rows[g] + t.dead[g]; least < 0 || n < least {
 			least = n
 		}
 	}
@@ -210,3 +230,59 @@ func scanGroups(ctx context.Context, brokers []string, topics []string, dlq stri
 	})
 	return t.result(), err
 }
+
+// headerGroup is the dead-letter header that names the re-keyed group whose second
+// stage decided it (pkg/sink's HeaderGroup); a dead letter without it was decided at
+// the input partition.
+const headerGroup = "velocity.group"
+
+// inputDecided is deadLetterGroup's group for a dead letter of the input partition.
+const inputDecided = "input"
+
+// deadLetterGroup is the group a dead letter answers for (inputDecided: all) and its
+// reason.
+func deadLetterGroup(r *kgo.Record) (group, reason string) {
+	group = inputDecided
+	for _, h := range r.Headers {
+		switch h.Key {
+		case headerGroup:
+			group = string(h.Value)
+		case codec.HeaderReason:
+			reason = string(h.Value)
+		}
+	}
+	return group, reason
+}
+
+// deadLetterCounter reads a run's dead letters as they come, to count those that
+// answer for every group apart from those that answer for one.
+type deadLetterCounter struct {
+	cl       *kgo.Client
+	all, one int64
+}
+
+func newDeadLetterCounter(brokers []string, dlq string) (*deadLetterCounter, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(dlq),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(10*time.Millisecond))
+	if err != nil {
+		return nil, err
+	}
+	return &deadLetterCounter{cl: cl}, nil
+}
+
+// poll reads what has arrived (waiting at most a few milliseconds) and returns the
+// counts so far.
+func (d *deadLetterCounter) poll(ctx context.Context) (all, one int64) {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Millisecond)
+	defer cancel()
+	d.cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
+		if g, _ := deadLetterGroup(r); g == inputDecided {
+			d.all++
+		} else {
+			d.one++
+		}
+	})
+	return d.all, d.one
+}
+
+func (d *deadLetterCounter) close() { d.cl.Close() }

@@ -27,6 +27,9 @@ type Result struct {
 	Groups    int   `json:"groups,omitempty"`
 	GroupRows []int `json:"group_rows,omitempty"`
 	GroupKeys []int `json:"group_keys,omitempty"`
+	// DeadLetterReasons counts a groups run's dead letters by "<group>:<reason>"
+	// ("input:<reason>" for those of the input partition, which answer for every group).
+	DeadLetterReasons map[string]int `json:"dead_letter_reasons,omitempty"`
 
 	Features    int `json:"features"`
 	DeadLetters int `json:"dead_letters"`
