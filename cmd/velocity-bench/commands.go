@@ -61,6 +61,7 @@ func cmdCompare(ctx context.Context, args []string) error {
 	stall := fs.Duration("stall-timeout", 90*time.Second, "fail a run whose outputs have not grown for this long (includes the JVM's startup)")
 	keep := fs.Bool("keep", false, "keep topics and state after each run")
 	profile := fs.Bool("profile", false, "ours and floor write CPU and allocation profiles (cpu.pprof, mem.pprof) into each run's directory under --workdir")
+	workload := fs.String("workload", "transactions", "throughput input: transactions (our Transaction schema, the single-key contract) or payments (payment_event.avsc with a device and an IP; every ours and kstreams processor then needs groups=N)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -87,6 +88,13 @@ func cmdCompare(ctx context.Context, args []string) error {
 		if p.Kind == "floor" {
 			return fmt.Errorf("--latency-processors: floor has no latency mode (its outputs carry no event time)")
 		}
+		if p.Groups > 0 {
+			return fmt.Errorf("--latency-processors: %s: groups=N has no latency mode yet (throughput only)", p.Name)
+		}
+	}
+	format, err := workloadFormat(*workload, tp)
+	if err != nil {
+		return err
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -162,6 +170,7 @@ func cmdCompare(ctx context.Context, args []string) error {
 				break
 			}
 			w := DefaultWorkload(n, *events)
+			w.Format = format
 			input, _, _, _, _, err := r.names("input")
 			if err != nil {
 				return err
@@ -179,7 +188,12 @@ func cmdCompare(ctx context.Context, args []string) error {
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
-				res := r.runThroughput(ctx, p, input, w.Events, n)
+				var res Result
+				if p.Groups > 0 {
+					res = r.runGroupsThroughput(ctx, p, input, w.Events, n)
+				} else {
+					res = r.runThroughput(ctx, p, input, w.Events, n)
+				}
 				res.Round, res.ProduceSec = round, took.Seconds()
 				record(res)
 			}
@@ -200,6 +214,30 @@ func cmdCompare(ctx context.Context, args []string) error {
 	}
 	fmt.Println(Report(all))
 	return nil
+}
+
+// workloadFormat is the Workload.Format of --workload, checked against the throughput
+// processors: payment records are read only by a groups=N run (and the floor, which
+// passes any bytes through), Transaction records only by the single-key contract.
+func workloadFormat(workload string, procs []ProcSpec) (string, error) {
+	var format string
+	switch workload {
+	case "transactions":
+	case FormatPayments:
+		format = FormatPayments
+	default:
+		return "", fmt.Errorf("--workload %q: want transactions or payments", workload)
+	}
+	for _, p := range procs {
+		switch {
+		case p.Kind == "floor":
+		case format == FormatPayments && p.Groups == 0:
+			return "", fmt.Errorf("processor %s: --workload payments needs groups=N (1..%d) on every ours and kstreams processor", p.Name, MaxBenchGroups)
+		case format == "" && p.Groups > 0:
+			return "", fmt.Errorf("processor %s: groups=N reads the payments workload; add --workload payments", p.Name)
+		}
+	}
+	return format, nil
 }
 
 // parseVCAlt parses --vc-alt: NAME=PATH pairs, comma-separated.
@@ -228,6 +266,9 @@ func describe(r Result) string {
 		if r.P99ToEmitMs > 0 || r.P99FromEmitMs > 0 {
 			s += fmt.Sprintf(" p99 to input append=%.0fms, to emitted_at=%.0fms, emitted_at to output append=%.0fms", r.P99ToInputMs, r.P99ToEmitMs, r.P99FromEmitMs)
 		}
+	}
+	if len(r.DeadLetterReasons) > 0 {
+		s += fmt.Sprintf(" dead letters %v", r.DeadLetterReasons)
 	}
 	s += fmt.Sprintf(" rss=%.0fMiB cpu=%.1fs (%.2f s/M)", r.PeakRSSMiB, r.CPUSec, r.CPUSecPerMEvt)
 	if st := r.Steady.String(); st != "" {
@@ -282,7 +323,12 @@ func cmdProduce(ctx context.Context, args []string) error {
 	topic := fs.String("topic", "", "topic to create (4 partitions) and fill; required")
 	events := fs.Int("events", 1_000_000, "events")
 	entities := fs.Int("entities", 100_000, "Zipf entity count")
+	workload := fs.String("workload", "transactions", "transactions (our Transaction schema) or payments (payment_event.avsc)")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	format, err := workloadFormat(*workload, nil)
+	if err != nil {
 		return err
 	}
 	if *topic == "" {
@@ -300,7 +346,9 @@ func cmdProduce(ctx context.Context, args []string) error {
 	if err := createTopics(ctx, adm, partitions, nil, *topic); err != nil {
 		return err
 	}
-	took, err := produceAll(ctx, bl, *topic, DefaultWorkload(*entities, *events))
+	w := DefaultWorkload(*entities, *events)
+	w.Format = format
+	took, err := produceAll(ctx, bl, *topic, w)
 	if err != nil {
 		return err
 	}

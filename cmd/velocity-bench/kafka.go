@@ -150,7 +150,7 @@ func produceAll(ctx context.Context, brokers []string, topic string, w Workload)
 		if e := firstErr.Load(); e != nil {
 			return 0, *e
 		}
-		cl.Produce(ctx, record(ev, w.EventTime(g.Index(), ev.DisorderMs)), func(_ *kgo.Record, err error) {
+		cl.Produce(ctx, g.Record(ev, w.EventTime(g.Index(), ev.DisorderMs)), func(_ *kgo.Record, err error) {
 			if err != nil {
 				firstErr.CompareAndSwap(nil, &err)
 			}
@@ -207,7 +207,7 @@ func producePaced(ctx context.Context, cl *kgo.Client, g *Generator, rate int, d
 			if ev.DisorderMs > 0 {
 				disorder[string(ev.ID[:])] = ev.DisorderMs
 			}
-			cl.Produce(ctx, record(ev, now.UnixMilli()-ev.DisorderMs), func(_ *kgo.Record, err error) {
+			cl.Produce(ctx, g.Record(ev, now.UnixMilli()-ev.DisorderMs), func(_ *kgo.Record, err error) {
 				if err != nil {
 					firstErr.CompareAndSwap(nil, &err)
 				}
@@ -360,6 +360,21 @@ func scanOutputs(ctx context.Context, brokers []string, input, output, dlq strin
 // and outputs back. It fails if timeout passes before it
 // has read want, or a fetch fails.
 func readFromStart(ctx context.Context, brokers []string, committed bool, topics []string, want int, timeout time.Duration, each func(*kgo.Record)) error {
+	if want <= 0 {
+		return nil
+	}
+	n := 0
+	return readUntil(ctx, brokers, committed, topics, timeout, func(r *kgo.Record) bool {
+		n++
+		each(r)
+		return n >= want
+	}, func() string { return fmt.Sprintf("read %d of %d records", n, want) })
+}
+
+// readUntil reads topics from their start (read_committed if committed is set) and
+// hands each record to each until each returns true. It fails if timeout passes
+// first (the error says progress()), or a fetch fails.
+func readUntil(ctx context.Context, brokers []string, committed bool, topics []string, timeout time.Duration, each func(*kgo.Record) (done bool), progress func() string) error {
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(brokers...),
 		kgo.ConsumeTopics(topics...),
@@ -377,18 +392,19 @@ func readFromStart(ctx context.Context, brokers []string, committed bool, topics
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	n := 0
-	for n < want {
+	done := false
+	for !done {
 		fs := cl.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("read %d of %d records of %v within %s: %w", n, want, topics, timeout, err)
+			return fmt.Errorf("%s of %v within %s: %w", progress(), topics, timeout, err)
 		}
 		if errs := fs.Errors(); len(errs) > 0 {
 			return fmt.Errorf("read %v: %w", topics, errs[0].Err)
 		}
 		fs.EachRecord(func(r *kgo.Record) {
-			n++
-			each(r)
+			if each(r) {
+				done = true
+			}
 		})
 	}
 	return nil

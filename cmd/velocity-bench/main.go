@@ -10,6 +10,8 @@
 //	                          and the Go benchmark BenchmarkSeedSequence in this directory
 //	velocity-bench equal      run ours and Kafka Streams on one workload and compare their features
 //	                          record by record, each difference explained (equal.go, equalcmp.go)
+//	velocity-bench groups-check  run the Kafka Streams groups peer (groups=N) and replay each group's
+//	                          rows through our engine in the peer's order: same values? (peercheck.go)
 //	velocity-bench stages     account CPU or allocation profiles (compare --profile) by hot-path stage
 //
 // A processor is a child process: our binary's `run`, the Kafka Streams peer in
@@ -43,17 +45,19 @@ Usage:
   velocity-bench produce   [flags]   write one seeded workload to a topic
   velocity-bench seq       [flags]   write a workload's event sequence to a file
   velocity-bench equal     [flags]   ours and Kafka Streams on one workload: are the features equal, and why not
+  velocity-bench groups-check [flags] the Kafka Streams groups peer's rows against our engine in the peer's order
   velocity-bench stages    [flags] PROFILE...   CPU or allocation profiles by stage of the hot path
 
 Run 'velocity-bench <command> --help' for a command's flags.`
 
 var commands = map[string]func(context.Context, []string) error{
-	"compare":   cmdCompare,
-	"summarize": cmdSummarize,
-	"produce":   cmdProduce,
-	"seq":       cmdSeq,
-	"equal":     cmdEqual,
-	"stages":    cmdStages,
+	"compare":      cmdCompare,
+	"summarize":    cmdSummarize,
+	"produce":      cmdProduce,
+	"seq":          cmdSeq,
+	"equal":        cmdEqual,
+	"groups-check": cmdGroupsCheck,
+	"stages":       cmdStages,
 	// Hidden: the floor processor, started by compare as a child (floor.go).
 	"floor-proc": cmdFloorProc,
 }

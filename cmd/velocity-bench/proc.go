@@ -17,12 +17,17 @@ import (
 // for ours, "late=DUR" (--allowed-lateness, default 0: the pipeline's latency without the
 // reorder wait) and "bin=NAME" (run the build --vc-alt names NAME instead of --vc, so
 // that two builds run in the same rounds on the same input: a before/after ratio).
+// "groups=N" (ours and kstreams, N = 1..MaxBenchGroups) runs the groups benchmark
+// (groups.go) over the payments workload: ours with `run --features` of an N-group
+// definition, the peer with its N-group topology; without it, both run the single-key
+// contract over Transaction records.
 // "floor" is the transport ceiling (floor.go) and takes no options.
 type ProcSpec struct {
 	Kind     string // "ours" | "kstreams" | "floor"
 	EOS      bool
 	Lateness time.Duration
 	Bin      string // ours: a --vc-alt name, or "" for --vc
+	Groups   int    // 0: the single-key contract; 1..MaxBenchGroups: the groups benchmark
 	Name     string // the spec as written, used in tables
 }
 
@@ -48,8 +53,14 @@ func ParseProcSpec(s string) (ProcSpec, error) {
 			p.Lateness = d
 		case strings.HasPrefix(o, "bin=") && p.Kind == "ours" && len(o) > len("bin="):
 			p.Bin = strings.TrimPrefix(o, "bin=")
+		case strings.HasPrefix(o, "groups="):
+			n, err := strconv.Atoi(strings.TrimPrefix(o, "groups="))
+			if err != nil || n < 1 || n > MaxBenchGroups || p.Groups != 0 {
+				return p, fmt.Errorf("processor %q: %s: want groups=N once, N in 1..%d", s, o, MaxBenchGroups)
+			}
+			p.Groups = n
 		default:
-			return p, fmt.Errorf("processor %q: unknown option %q (want eos, or late=DUR or bin=NAME for ours)", s, o)
+			return p, fmt.Errorf("processor %q: unknown option %q (want eos, groups=N, or late=DUR or bin=NAME for ours)", s, o)
 		}
 	}
 	return p, nil
@@ -131,6 +142,15 @@ func (e procEnv) command(p ProcSpec, input, output, dlq, group, dir string) (*ex
 		if p.EOS {
 			args = append(args, "--exactly-once")
 		}
+		if p.Groups > 0 {
+			// The re-keyed groups' outputs go to <output>.<group> (the default
+			// --group-topic); their repartition topics are ours to create at start.
+			def, err := writeGroupsDefinition(dir, p.Groups)
+			if err != nil {
+				return nil, err
+			}
+			args = append(args, "--features", def)
+		}
 		args = append(append(args, e.profileArgs(dir)...), e.VCExtra...)
 		cmd = exec.Command(e.vcFor(p), args...)
 	case "kstreams":
@@ -140,6 +160,11 @@ func (e procEnv) command(p ProcSpec, input, output, dlq, group, dir string) (*ex
 		}
 		args := append(append([]string{}, e.JavaOpts...), "-jar", e.Jar,
 			e.Brokers, input, output, group, filepath.Join(dir, "kstreams-state"), mode)
+		if p.Groups > 0 {
+			// The groups topology (VelocityGroups.java): payment_event.avsc in,
+			// group g's rows to output (the card group) or output.g.
+			args = append(args, "groups="+strconv.Itoa(p.Groups))
+		}
 		cmd = exec.Command(e.Java, args...)
 	case "floor":
 		cmd = exec.Command(e.Self, append([]string{"floor-proc",

@@ -42,13 +42,16 @@ func (g *group) steadyCores() string {
 		g.median(func(r Result) float64 { return r.Steady.Harness }))
 }
 
-// refFor is the "ours" processor a peer is compared with: ours with the same
-// exactly-once setting, else the first ours in the results.
+// refFor is the "ours" processor a peer is compared with: ours with the same groups=N
+// (none for the single-key contract) and the same exactly-once setting, else the
+// first ours with the same groups=N. A groups run is never compared with a run of
+// another number of groups: they are different work.
 func refFor(peer string, procs []string) string {
 	eos := strings.Contains(peer, ":eos")
+	groups := groupsOf(peer)
 	first := ""
 	for _, p := range procs {
-		if !strings.HasPrefix(p, "ours") {
+		if !strings.HasPrefix(p, "ours") || groupsOf(p) != groups {
 			continue
 		}
 		if first == "" {
@@ -59,6 +62,15 @@ func refFor(peer string, procs []string) string {
 		}
 	}
 	return first
+}
+
+// groupsOf is the groups=N of a processor spec as written, 0 without one.
+func groupsOf(name string) int {
+	p, err := ParseProcSpec(name)
+	if err != nil {
+		return 0
+	}
+	return p.Groups
 }
 
 // ratio is the median over rounds of ours/peer within a round, so that the noise
@@ -171,6 +183,7 @@ func Report(all []Result) string {
 		}
 		b.WriteString("\n")
 	}
+	writeGroupsTable(&b, all, groups)
 	b.WriteString("\nLatency (event_time = produce wall time; latency = output's broker append time − event_time; medians over rounds):\n\n")
 	b.WriteString("| processor | entities | rate ev/s | runs | latency samples | p50 ms | p99 ms | p999 ms | max ms | peak RSS MiB | CPU s / M events | busy cores (processor / broker / load generator) | ours/peer p99 | ours/peer RSS |\n")
 	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
@@ -219,4 +232,83 @@ func withRef(s, ref string) string {
 		return s
 	}
 	return s + " (vs " + ref + ")"
+}
+
+// withGroups is processor spec name with its groups=N option set to n (the spec of
+// the same processor over fewer groups), or "" if it has none.
+func withGroups(name string, n int) string {
+	parts := strings.Split(name, ":")
+	for i, o := range parts {
+		if strings.HasPrefix(o, "groups=") {
+			parts[i] = fmt.Sprintf("groups=%d", n)
+			return strings.Join(parts, ":")
+		}
+	}
+	return ""
+}
+
+// writeGroupsTable adds the groups runs' own table: rows and distinct keys per group,
+// CPU per input event against the same processor with one group (per round, medianed:
+// issue 27's "each added group costs ≤ 1.5× one group's per-event CPU"), and the peak
+// RSS the last group added, per key of that group (against groups=N−1, per round,
+// medianed; a JVM's RSS is its heap's growth, not its live state).
+func writeGroupsTable(b *strings.Builder, all []Result, cells []*group) {
+	header := false
+	for _, g := range cells {
+		if g.mode != "throughput" || g.runs[0].Groups == 0 {
+			continue
+		}
+		if !header {
+			header = true
+			b.WriteString("\nGroups (throughput runs; per group in order card, device, ip):\n\n")
+			b.WriteString("| processor | entities | runs | rows per group | keys per group | CPU s / M input events | CPU / groups=1 CPU | Δ peak RSS vs groups=N−1, B per key of the added group |\n")
+			b.WriteString("| --- | ---: | ---: | --- | --- | ---: | ---: | ---: |\n")
+		}
+		r0 := g.runs[0]
+		cpu1, mem := math.NaN(), math.NaN()
+		if one := withGroups(g.proc, 1); r0.Groups > 1 {
+			cpu1 = ratio(all, g.mode, g.proc, one, g.entities, g.rate, func(r Result) float64 { return r.CPUSecPerMEvt })
+			prev := withGroups(g.proc, r0.Groups-1)
+			if keys := r0.GroupKeys; len(keys) == r0.Groups && keys[r0.Groups-1] > 0 {
+				d := diff(all, g.mode, g.proc, prev, g.entities, g.rate, func(r Result) float64 { return r.PeakRSSMiB })
+				mem = d * (1 << 20) / float64(keys[r0.Groups-1])
+			}
+		}
+		fmtX := func(x float64, f string) string {
+			if math.IsNaN(x) {
+				return "—"
+			}
+			return fmt.Sprintf(f, x)
+		}
+		fmt.Fprintf(b, "| %s | %d | %d | %v | %v | %.2f | %s | %s |\n", g.proc, g.entities, len(g.runs), r0.GroupRows, r0.GroupKeys,
+			g.median(func(r Result) float64 { return r.CPUSecPerMEvt }), fmtX(cpu1, "%.2f"), fmtX(mem, "%.0f"))
+	}
+}
+
+// diff is ratio's difference: the median over rounds of a − b within a round.
+func diff(runs []Result, mode, a, b string, entities, rate int, f func(Result) float64) float64 {
+	byRound := map[int][2]float64{}
+	for _, r := range runs {
+		if r.Mode != mode || r.Entities != entities || r.Rate != rate || r.Err != "" {
+			continue
+		}
+		v, ok := byRound[r.Round]
+		if !ok {
+			v = [2]float64{math.NaN(), math.NaN()}
+		}
+		switch r.Processor {
+		case a:
+			v[0] = f(r)
+		case b:
+			v[1] = f(r)
+		}
+		byRound[r.Round] = v
+	}
+	var xs []float64
+	for _, v := range byRound {
+		if !math.IsNaN(v[0]) && !math.IsNaN(v[1]) {
+			xs = append(xs, v[0]-v[1])
+		}
+	}
+	return Median(xs)
 }

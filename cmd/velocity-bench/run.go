@@ -21,6 +21,15 @@ type Result struct {
 	Entities  int    `json:"entities"`
 	Events    int    `json:"events"` // inputs the run had to answer
 	Rate      int    `json:"rate,omitempty"`
+	// Groups is the number of key dimensions of a groups run (groups.go), 0 for the
+	// single-key contract. GroupRows and GroupKeys are, per group in benchGroups
+	// order, the feature rows read back and the distinct keys they name.
+	Groups    int   `json:"groups,omitempty"`
+	GroupRows []int `json:"group_rows,omitempty"`
+	GroupKeys []int `json:"group_keys,omitempty"`
+	// DeadLetterReasons counts a groups run's dead letters by "<group>:<reason>"
+	// ("input:<reason>" for those of the input partition, which answer for every group).
+	DeadLetterReasons map[string]int `json:"dead_letter_reasons,omitempty"`
 
 	Features    int `json:"features"`
 	DeadLetters int `json:"dead_letters"`
@@ -301,11 +310,17 @@ func (r *runner) measure(ctx context.Context, res *Result, p ProcSpec, input, ou
 // take offsets too, so the count can run ahead of the records by the number of commits;
 // scanOutputs then reads until every record is there.
 func (r *runner) waitOutputs(ctx context.Context, c *child, output, dlq string, want int, timeout time.Duration) error {
+	return r.waitCount(ctx, c, func() (int64, error) { return endOffsetSum(ctx, r.adm, output, dlq) }, int64(want), timeout)
+}
+
+// waitCount is waitOutputs for any count of the outputs (a groups run counts each
+// group's topic and its dead letters once per group).
+func (r *runner) waitCount(ctx context.Context, c *child, count func() (int64, error), want int64, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	last, lastMove := int64(-1), time.Now()
 	for time.Now().Before(deadline) {
-		n, err := endOffsetSum(ctx, r.adm, output, dlq)
-		if err == nil && n >= int64(want) {
+		n, err := count()
+		if err == nil && n >= want {
 			return nil
 		}
 		// A run whose outputs stop growing is broken (the shared broker was restarted
@@ -323,7 +338,7 @@ func (r *runner) waitOutputs(ctx context.Context, c *child, output, dlq string, 
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	n, _ := endOffsetSum(ctx, r.adm, output, dlq)
+	n, _ := count()
 	return fmt.Errorf("only %d of %d outputs after %s", n, want, timeout)
 }
 
@@ -333,7 +348,10 @@ func (r *runner) cleanup(group, dir string, topics ...string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	// Kafka Streams names its changelog and repartition topics <application id>-…;
+	// ours its repartition topics __velocity-repartition-<group>-<g>.
 	topics = append(topics, internalTopicsOf(ctx, r.adm, group+"-")...)
+	topics = append(topics, internalTopicsOf(ctx, r.adm, ourRepartitionPrefix(group))...)
 	if err := deleteTopics(ctx, r.adm, topics...); err != nil {
 		fmt.Fprintf(os.Stderr, "velocity-bench: delete topics %v: %v\n", topics, err)
 	}

@@ -7,6 +7,8 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // Workload is a fixed, seeded stream of transactions: the same parameters give the same
@@ -28,6 +30,10 @@ type Workload struct {
 	// disorder) for workloads produced ahead of the run; paced runs use wall time.
 	StartMs    int64
 	StepMicros int64
+	// Format is the records' schema: "" for our Transaction (schemas/transaction.avsc),
+	// FormatPayments for testdata/payment_event.avsc (payments.go), the same events
+	// with a device and an IP for the groups benchmark.
+	Format string
 }
 
 // DefaultWorkload is the comparison's workload over the given number of entities: 1 % of events
@@ -62,6 +68,8 @@ func (w Workload) Validate() error {
 		return fmt.Errorf("workload: max disorder %d ms must be >= 1", w.MaxDisorderMs)
 	case w.StepMicros < 0:
 		return fmt.Errorf("workload: step %d µs must be >= 0", w.StepMicros)
+	case w.Format != "" && w.Format != FormatPayments:
+		return fmt.Errorf("workload: format %q is neither transactions (\"\") nor %q", w.Format, FormatPayments)
 	}
 	return nil
 }
@@ -150,6 +158,15 @@ func (g *Generator) Next() (ev Event, ok bool) {
 
 // Index is the 0-based position of the event Next returned last.
 func (g *Generator) Index() int { return g.i - 1 }
+
+// Record is the Kafka record of the event Next returned last, with eventTime, in the
+// workload's Format, keyed by its entity (card) id.
+func (g *Generator) Record(ev Event, eventTime int64) *kgo.Record {
+	if g.w.Format == FormatPayments {
+		return paymentRecord(&g.w, ev, g.Index(), eventTime)
+	}
+	return record(ev, eventTime)
+}
 
 // EventTime is the event time of the i-th event of a workload produced ahead of the run.
 func (w Workload) EventTime(i int, disorderMs int64) int64 {

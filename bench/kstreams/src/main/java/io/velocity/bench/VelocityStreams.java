@@ -40,9 +40,10 @@ import org.apache.kafka.streams.state.Stores;
  * late or dead-lettered; there is no dedupe of event_id and no validation beyond
  * decoding; state is the store's, with its changelog topic as the recovery path.
  *
- * <p>Usage: java -jar velocity-kstreams.jar BROKERS INPUT OUTPUT APP_ID STATE_DIR EOS
+ * <p>Usage: java -jar velocity-kstreams.jar BROKERS INPUT OUTPUT APP_ID STATE_DIR EOS [groups=N]
  * where EOS is "eos" (processing.guarantee=exactly_once_v2) or "alo" (at_least_once).
- * It runs until SIGTERM.
+ * With groups=N (1..3) it runs the several-keys topology of {@link VelocityGroups} over
+ * payment events instead, with the same settings. It runs until SIGTERM.
  */
 public final class VelocityStreams {
     static final String STORE = "velocity-state";
@@ -53,12 +54,13 @@ public final class VelocityStreams {
     static final long[] BUCKET_MS = {1_000L, 5_000L, 60_000L, 3_600_000L};
 
     public static void main(String[] args) throws Exception {
-        if (args.length != 6) {
-            System.err.println("usage: velocity-kstreams BROKERS INPUT OUTPUT APP_ID STATE_DIR eos|alo");
+        if ((args.length != 6 && args.length != 7) || (args.length == 7 && !args[6].startsWith("groups="))) {
+            System.err.println("usage: velocity-kstreams BROKERS INPUT OUTPUT APP_ID STATE_DIR eos|alo [groups=N]");
             System.exit(2);
         }
         String brokers = args[0], input = args[1], output = args[2], appId = args[3], stateDir = args[4];
         boolean eos = args[5].equals("eos");
+        int groups = args.length == 7 ? Integer.parseInt(args[6].substring("groups=".length())) : 0;
 
         Properties p = new Properties();
         p.put(StreamsConfig.APPLICATION_ID_CONFIG, appId);
@@ -76,12 +78,17 @@ public final class VelocityStreams {
         // Everything else stays at the defaults a team starts from: commit.interval.ms is
         // 30 s at-least-once and 100 ms under exactly_once_v2; the record cache is 10 MiB.
 
-        Topology t = new Topology();
-        t.addSource("transactions", new ByteArrayDeserializer(), new ByteArrayDeserializer(), input);
-        t.addProcessor("velocity", VelocityProcessor::new, "transactions");
-        t.addStateStore(Stores.keyValueStoreBuilder(
-                Stores.persistentKeyValueStore(STORE), Serdes.String(), Serdes.ByteArray()), "velocity");
-        t.addSink("features", output, new ByteArraySerializer(), new ByteArraySerializer(), "velocity");
+        Topology t;
+        if (groups > 0) {
+            t = VelocityGroups.topology(input, output, groups);
+        } else {
+            t = new Topology();
+            t.addSource("transactions", new ByteArrayDeserializer(), new ByteArrayDeserializer(), input);
+            t.addProcessor("velocity", VelocityProcessor::new, "transactions");
+            t.addStateStore(Stores.keyValueStoreBuilder(
+                    Stores.persistentKeyValueStore(STORE), Serdes.String(), Serdes.ByteArray()), "velocity");
+            t.addSink("features", output, new ByteArraySerializer(), new ByteArraySerializer(), "velocity");
+        }
 
         KafkaStreams streams = new KafkaStreams(t, p);
         CountDownLatch done = new CountDownLatch(1);
@@ -346,6 +353,45 @@ public final class VelocityStreams {
                 String s = new String(b, i, n, StandardCharsets.UTF_8);
                 i += n;
                 return s;
+            }
+
+            /** A string's raw bytes (also Avro bytes). */
+            byte[] bytes() {
+                int n = (int) longv();
+                byte[] x = java.util.Arrays.copyOfRange(b, i, i + n);
+                i += n;
+                return x;
+            }
+
+            void skipString() {
+                int n = (int) longv(); // not `i += longv()`: Java reads i before longv moves it
+                i += n;
+            }
+
+            /** A ["null", "string"] union; null is returned as "". */
+            String nullableString() {
+                long branch = longv();
+                if (branch == 0) {
+                    return "";
+                }
+                if (branch != 1) {
+                    throw new IllegalArgumentException("union branch " + branch);
+                }
+                return string();
+            }
+
+            /** An Avro decimal (bytes): the unscaled value, big-endian two's complement. */
+            long decimalUnscaled() {
+                int n = (int) longv();
+                if (n < 1 || n > 8) {
+                    throw new IllegalArgumentException("decimal of " + n + " bytes");
+                }
+                long v = b[i]; // sign-extended
+                for (int j = 1; j < n; j++) {
+                    v = (v << 8) | (b[i + j] & 0xff);
+                }
+                i += n;
+                return v;
             }
         }
 
