@@ -655,3 +655,16 @@ func eventOf(t *testing.T, g benchGroup, v []byte, h *feature.Head) {
 	}
 	h.EventID, h.EventTime = tx.EventID, tx.EventTime
 }
+
+// TestPaymentSchemaIsTheExample: the embedded copy of the payments workload's schema
+// is byte for byte the documented example's, so the benchmark measures the schema
+// users read about.
+func TestPaymentSchemaIsTheExample(t *testing.T) {
+	want, err := os.ReadFile("../../examples/features/payment_event.avsc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if paymentEventSchema != string(want) {
+		t.Fatal("cmd/velocity-bench/testdata/payment_event.avsc differs from examples/features/payment_event.avsc: copy the example over it")
+	}
+}
