@@ -36,7 +36,7 @@ GOTESTFLAGS ?=
 VELOCITY_REQUIRE_PYTHON ?= 1
 export VELOCITY_REQUIRE_PYTHON
 
-.PHONY: demo test test-unit test-integration check docs kafka-start kafka-stop kafka-status bench-peers bench-floor bench-api chaos
+.PHONY: demo test test-unit test-integration check docs kafka-start kafka-stop kafka-status bench-peers bench-groups bench-floor bench-api chaos
 
 demo:
 	$(GO) run ./cmd/velocity-consumer demo
@@ -115,6 +115,18 @@ bench-peers:
 	bin/velocity-bench seq --out $(BENCH_DIR)/seq-100k.bin --entities 100000 --events 1000000
 	python3 bench/python/seed_window.py $(BENCH_DIR)/seq-100k.bin --passes 5
 	VELOCITY_BENCH_SEQ=$(BENCH_DIR)/seq-100k.bin $(GO) test -run '^$$' -bench SeedSequence -count 5 ./cmd/velocity-bench/
+
+# BENCHMARKS.md, "Re-keyed groups": ours with 1, 2 and 3 groups against the Kafka Streams
+# peer re-keying with selectKey + repartition, on the payments workload; needs the broker
+# of `make kafka-start` (or BENCH_BROKERS), Java 17 + Maven.
+bench-groups:
+	mkdir -p $(BENCH_DIR)-groups
+	$(GO) build -o bin/velocity-consumer ./cmd/velocity-consumer
+	$(GO) build -o bin/velocity-bench ./cmd/velocity-bench
+	cd bench/kstreams && mvn -q -B package
+	bin/velocity-bench compare --brokers $(BENCH_BROKERS) --vc bin/velocity-consumer --rounds $(BENCH_ROUNDS) \
+		--events 1000000 --entities 100000 --workload payments --latency-processors '' --workdir $(BENCH_DIR)-groups \
+		--processors 'ours:groups=1,kstreams:groups=1,ours:groups=2,kstreams:groups=2,ours:groups=3,kstreams:groups=3'
 
 # BENCHMARKS.md, "Against the transport floor" and "Where ours spends its CPU above the
 # floor": floor, ours and ours --exactly-once in the same rounds on BENCH_BROKERS, each run
