@@ -142,30 +142,10 @@ func TestFeatureDefinitionLiveOnTheBroker(t *testing.T) {
 	// The reference, per partition, from the records as the broker holds them.
 	dir := t.TempDir()
 	byPart := readInputPartitions(t, ctx, addr, in, partitions, n)
-	codecIn, err := goavro.NewCodec(string(schema))
-	if err != nil {
-		t.Fatal(err)
-	}
+	files := writePartitionOCFs(t, dir, string(schema), byPart, partitions)
 	exact, estimates := 0, 0
 	for p := int32(0); p < partitions; p++ {
-		var natives []map[string]any
-		for _, v := range byPart[p] {
-			nat, _, err := codecIn.NativeFromBinary(v)
-			if err != nil {
-				t.Fatal(err)
-			}
-			natives = append(natives, nat.(map[string]any))
-		}
-		file := filepath.Join(dir, fmt.Sprintf("p%d.avro", p))
-		f, err := os.Create(file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := streamtest.WriteCardOCF(f, string(schema), natives); err != nil {
-			t.Fatal(err)
-		}
-		f.Close()
-		ref := streamtest.RunReference(t, featuresReference, cardDefinitionPath, file, 0, in, p)
+		ref := streamtest.RunReference(t, featuresReference, cardDefinitionPath, files[p], 0, in, p)
 		for off, want := range ref {
 			pos := replayPos{p, off}
 			if want.Dead != "" {
@@ -289,6 +269,40 @@ func readFlatOutputs(t *testing.T, ctx context.Context, addr, featuresTopic, dlq
 		})
 	}
 	return out
+}
+
+// writePartitionOCFs writes each input partition's values, as the broker holds
+// them, to an Avro container file of schema (dir/p<N>.avro), for the reference.
+func writePartitionOCFs(t *testing.T, dir, schema string, byPart map[int32][][]byte, partitions int32) []string {
+	t.Helper()
+	c, err := goavro.NewCodec(schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var files []string
+	for p := range partitions {
+		var natives []map[string]any
+		for _, v := range byPart[p] {
+			nat, _, err := c.NativeFromBinary(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			natives = append(natives, nat.(map[string]any))
+		}
+		file := filepath.Join(dir, fmt.Sprintf("p%d.avro", p))
+		f, err := os.Create(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := streamtest.WriteCardOCF(f, schema, natives); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, file)
+	}
+	return files
 }
 
 // flatNative turns goavro's reading of a flat record into the reference's JSON

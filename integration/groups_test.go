@@ -96,31 +96,7 @@ func testRekeyedGroups(t *testing.T, runExtra []string) {
 	// The reference, from the records as the broker holds them.
 	dir := t.TempDir()
 	byPart := readInputPartitions(t, ctx, addr, in, 3, n)
-	var ocfs []string
-	inCodec, err := goavro.NewCodec(string(schema))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for p := int32(0); p < 3; p++ {
-		var natives []map[string]any
-		for _, v := range byPart[p] {
-			nat, _, err := inCodec.NativeFromBinary(v)
-			if err != nil {
-				t.Fatal(err)
-			}
-			natives = append(natives, nat.(map[string]any))
-		}
-		file := filepath.Join(dir, fmt.Sprintf("p%d.avro", p))
-		f, err := os.Create(file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := streamtest.WriteCardOCF(f, string(schema), natives); err != nil {
-			t.Fatal(err)
-		}
-		f.Close()
-		ocfs = append(ocfs, file)
-	}
+	ocfs := writePartitionOCFs(t, dir, string(schema), byPart, 3)
 	ref := streamtest.RunGroupReference(t, featuresReference, paymentGroupsPath, ocfs, lateness, in)
 
 	semantics := []string{"--features", paymentGroupsPath, "--allowed-lateness", lateness.String(), "--log-level", "warn"}
