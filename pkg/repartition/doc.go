@@ -14,7 +14,8 @@
 // # The rule
 //
 // Each input (source) partition p sends, to every repartition partition, its events
-// with that partition's keys in its release order, and a watermark W_p with each: the
+// with that partition's keys in the order it accepts them (pkg/pipeline hops an event
+// when its input partition accepts it), and a watermark W_p with each: the
 // promise that nothing it sends later has an event time below W_p (EventWatermark).
 // When it has no event for a repartition partition it sends a marker with W_p alone.
 // The Merger keeps w_p, the largest W_p received from each source, and the released

@@ -88,13 +88,14 @@ type Record struct {
 	Event          // Source is set for markers too; the rest only for events
 }
 
-// EventWatermark is the watermark an event released by a source's reorder buffer
-// carries: min(its event time, the stage's watermark after the release). Within one
-// release the events are sorted, so later ones are at or above this event's time;
-// what the stage releases afterwards is at or above the stage's watermark (the
-// pending events above it, new events because lower ones are late). An event
-// released by the source's own idle rule can be above the stage watermark, hence the
-// min. A stage with no watermark yet passes NoWatermark.
+// EventWatermark is the watermark a hop event carries: min(its event time, the
+// source stage's watermark). The first stage (pkg/pipeline) hops an event when its
+// input partition accepts it, with the watermark after that acceptance: every event
+// accepted later has an event time at or above the watermark at its own acceptance,
+// which only rises, and the accepted event itself is at or above it, so the min is
+// the watermark. A source that sent events in its reorder buffer's release order
+// instead would need the min, since an event released by an idle release can be
+// below the stage's watermark. A stage with no watermark yet passes NoWatermark.
 func EventWatermark(eventTime, stageWatermark int64) int64 {
 	return min(eventTime, stageWatermark)
 }
