@@ -94,8 +94,8 @@ type Record struct {
 // accepted later has an event time at or above the watermark at its own acceptance,
 // which only rises, and the accepted event itself is at or above it, so the min is
 // the watermark. A source that sent events in its reorder buffer's release order
-// instead would need the min, since an event released by an idle release can be
-// below the stage's watermark. A stage with no watermark yet passes NoWatermark.
+// instead would need the min the other way: an event its idle release lets out can
+// be above the stage's watermark. A stage with no watermark yet passes NoWatermark.
 func EventWatermark(eventTime, stageWatermark int64) int64 {
 	return min(eventTime, stageWatermark)
 }
