@@ -90,12 +90,10 @@ type Record struct {
 
 // EventWatermark is the watermark a hop event carries: min(its event time, the
 // source stage's watermark). The first stage (pkg/pipeline) hops an event when its
-// input partition accepts it, with the watermark after that acceptance: every event
-// accepted later has an event time at or above the watermark at its own acceptance,
-// which only rises, and the accepted event itself is at or above it, so the min is
-// the watermark. A source that sent events in its reorder buffer's release order
-// instead would need the min the other way: an event its idle release lets out can
-// be above the stage's watermark. A stage with no watermark yet passes NoWatermark.
+// input partition accepts it, with the watermark after that acceptance, which is at
+// most the event's time, so the min is the watermark. The promise holds because every
+// event accepted later is at or above the watermark at its own acceptance, and the
+// watermark only rises. A stage with no watermark yet passes NoWatermark.
 func EventWatermark(eventTime, stageWatermark int64) int64 {
 	return min(eventTime, stageWatermark)
 }
