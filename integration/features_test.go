@@ -72,26 +72,7 @@ func TestFeatureDefinitionLiveOnTheBroker(t *testing.T) {
 	for i := range 2 {
 		args := append([]string{"run", "--brokers", addr, "--group", group, "--input-topic", in, "--output-topic", liveOut, "--dlq-topic", liveDLQ,
 			"--checkpoint-store", "memory", "--checkpoint-interval", "1s", "--metrics-addr", ""}, semantics...)
-		cmd := exec.CommandContext(ctx, bin, args...)
-		cmd.Env = append(os.Environ(), "VELOCITY_IDLE_TIMEOUT=0s")
-		logs := &bytes.Buffer{}
-		cmd.Stdout, cmd.Stderr = logs, logs
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		procs = append(procs, cmd)
-		done := make(chan error, 1)
-		go func() {
-			done <- cmd.Wait()
-			stopReading()
-		}()
-		t.Cleanup(func() {
-			_ = cmd.Process.Kill()
-			err := <-done
-			if t.Failed() {
-				t.Logf("instance %d (%v):\n%s", i, err, logs.String())
-			}
-		})
+		procs = append(procs, startInstance(t, ctx, i, bin, args, []string{"VELOCITY_IDLE_TIMEOUT=0s"}, stopReading))
 	}
 
 	recs := streamtest.CardStream(streamtest.CardStreamConfig{Seed: 23, N: 5000, Cards: 60, HotShare: 0.1, Merchants: 50, HotDistinct: 300, Lateness: time.Second})
@@ -257,7 +238,7 @@ func readFlatOutputs(t *testing.T, ctx context.Context, addr, featuresTopic, dlq
 			if err != nil || len(rest) != 0 {
 				t.Fatalf("features record at %d does not read as the generated schema: %v", r.Offset, err)
 			}
-			row := flatNative(nat.(map[string]any))
+			row := streamtest.FlatNative(nat.(map[string]any))
 			pos := replayPos{int32(row["source_partition"].(int64)), row["source_offset"].(int64)}
 			if prev, dup := out.features[pos]; dup && string(prev) != string(r.Value) {
 				t.Errorf("%v published twice with different values", pos)
@@ -269,6 +250,33 @@ func readFlatOutputs(t *testing.T, ctx context.Context, addr, featuresTopic, dlq
 		})
 	}
 	return out
+}
+
+// startInstance starts the built binary with args (env on top of the test's),
+// calls exited when it ends, and at cleanup kills it and, if the test failed, logs
+// what it printed.
+func startInstance(t *testing.T, ctx context.Context, i int, bin string, args, env []string, exited func()) *exec.Cmd {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	logs := &bytes.Buffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- cmd.Wait()
+		exited()
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		err := <-done
+		if t.Failed() {
+			t.Logf("instance %d (%v):\n%s", i, err, logs.String())
+		}
+	})
+	return cmd
 }
 
 // writePartitionOCFs writes each input partition's values, as the broker holds
@@ -303,25 +311,6 @@ func writePartitionOCFs(t *testing.T, dir, schema string, byPart map[int32][][]b
 		files = append(files, file)
 	}
 	return files
-}
-
-// flatNative turns goavro's reading of a flat record into the reference's JSON
-// shapes: unions unwrapped, ints widened, the timestamp back to Unix ms.
-func flatNative(m map[string]any) map[string]any {
-	out := map[string]any{}
-	for k, v := range m {
-		switch x := v.(type) {
-		case map[string]any:
-			out[k] = x["long"]
-		case int32:
-			out[k] = int64(x)
-		case time.Time:
-			out[k] = x.UnixMilli()
-		default:
-			out[k] = x
-		}
-	}
-	return out
 }
 
 // readInputPartitions returns each partition's record values in offset order.
@@ -444,7 +433,7 @@ func TestFeatureDefinitionWithRegistry(t *testing.T) {
 			if err != nil || len(rest) != 0 {
 				t.Fatalf("features value at %d: %v", r.Offset, err)
 			}
-			row := flatNative(nat.(map[string]any))
+			row := streamtest.FlatNative(nat.(map[string]any))
 			rows[row["source_offset"].(int64)] = row
 		})
 	}

@@ -139,25 +139,7 @@ func testRekeyedGroups(t *testing.T, runExtra []string) {
 		args := append([]string{"run", "--brokers", addr, "--group", group, "--input-topic", in, "--output-topic", liveOut, "--dlq-topic", liveDLQ,
 			"--checkpoint-store", "memory", "--checkpoint-interval", "1s", "--metrics-addr", "", "--idle-timeout", "3s"}, semantics...)
 		args = append(args, runExtra...)
-		cmd := exec.CommandContext(ctx, bin, args...)
-		logs := &bytes.Buffer{}
-		cmd.Stdout, cmd.Stderr = logs, logs
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		procs = append(procs, cmd)
-		done := make(chan error, 1)
-		go func() {
-			done <- cmd.Wait()
-			stopReading()
-		}()
-		t.Cleanup(func() {
-			_ = cmd.Process.Kill()
-			err := <-done
-			if t.Failed() {
-				t.Logf("instance %d (%v):\n%s", i, err, logs.String())
-			}
-		})
+		procs = append(procs, startInstance(t, ctx, i, bin, args, nil, stopReading))
 	}
 	repOut, repDLQ := "rep-"+group, "rep-dlq-"+group
 	args = append([]string{"replay", "--brokers", addr, "--input-topic", in, "--output", "topic:" + repOut, "--dlq", "topic:" + repDLQ, "--quiet"}, semantics...)
@@ -238,7 +220,7 @@ func readGroupTopic(t *testing.T, ctx context.Context, addr, topic string, n int
 			if err != nil || len(rest) != 0 {
 				t.Fatalf("%s record at %d does not read as the group's schema: %v", topic, r.Offset, err)
 			}
-			row := flatNative(nat.(map[string]any))
+			row := streamtest.FlatNative(nat.(map[string]any))
 			pos := streamtest.Source{Partition: int32(row["source_partition"].(int64)), Offset: row["source_offset"].(int64)}
 			if prev, dup := out.features[pos]; dup {
 				out.copies++

@@ -367,7 +367,7 @@ func readGroupRows(t *testing.T, ctx context.Context, addr, topic string, n int,
 			if err != nil {
 				t.Fatalf("%s at %d: %v", topic, r.Offset, err)
 			}
-			row := flatNative(nat.(map[string]any))
+			row := streamtest.FlatNative(nat.(map[string]any))
 			gr := groupRow{row: row, part: r.Partition, offset: r.Offset, srcPart: row["source_partition"].(int64), srcOff: row["source_offset"].(int64)}
 			seen[[2]int64{gr.srcPart, gr.srcOff}] = true
 			rows = append(rows, gr)
