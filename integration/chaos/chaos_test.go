@@ -44,16 +44,21 @@ const (
 //	VELOCITY_CHAOS_SLACK      extra wait, on top of --checkpoint-interval + --idle-timeout, for outputs after the input goes quiet (default 15s)
 //	VELOCITY_CHAOS_LOGS       keep every run's logs under this directory (default: a temporary directory kept only when the run fails)
 //	VELOCITY_CHAOS_REPORT     append one line per run and mode (date, store, mode, seed, outcome) to this file
+//	VELOCITY_CHAOS_LOG_LEVEL  the instances' --log-level (default info; debug names every takeover step)
 type chaosEnv struct {
 	seeds    []uint64
 	duration time.Duration
 	slack    time.Duration
 	logs     string
 	report   string
+	logLevel string // the instances' --log-level (VELOCITY_CHAOS_LOG_LEVEL; default info)
 }
 
 func readEnv(t *testing.T) chaosEnv {
-	e := chaosEnv{slack: 15 * time.Second, logs: os.Getenv("VELOCITY_CHAOS_LOGS"), report: os.Getenv("VELOCITY_CHAOS_REPORT")}
+	e := chaosEnv{slack: 15 * time.Second, logs: os.Getenv("VELOCITY_CHAOS_LOGS"), report: os.Getenv("VELOCITY_CHAOS_REPORT"), logLevel: "info"}
+	if v := os.Getenv("VELOCITY_CHAOS_LOG_LEVEL"); v != "" {
+		e.logLevel = v
+	}
 	dur := func(name string, d *time.Duration) {
 		if v := os.Getenv(name); v != "" {
 			x, err := time.ParseDuration(v)
@@ -396,7 +401,7 @@ func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, v variant, s
 				"--brokers", addr, "--group", g.name, "--input-topic", r.input,
 				"--output-topic", g.out, "--dlq-topic", g.dlq, "--checkpoint-store", st,
 				"--checkpoint-interval", checkpointInterval.String(), "--idle-timeout", idleTimeout.String(),
-				"--session-timeout", sessionTimeout.String(), "--metrics-addr", "", "--log-level", "info",
+				"--session-timeout", sessionTimeout.String(), "--metrics-addr", "", "--log-level", r.env.logLevel,
 			}, v.semantics()...)
 			args = append(args, g.groups.flags()...)
 			if eos {

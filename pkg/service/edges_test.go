@@ -369,3 +369,30 @@ func TestServiceTakeoverRetriesTransientErrors(t *testing.T) {
 		t.Fatalf("only %d ListOffsets requests for the snapshot topic were refused: the fault was not injected", refused.Load())
 	}
 }
+
+// TestServiceRidesOutABrokerRestartWhileCreatingTopics: the brokers answered
+// the ping, then dropped the connections of the first CreateTopics requests (a
+// broker restarting). The service used to stop at once ("does not exist and
+// could not be created"); it retries, creates the output topics and processes
+// the stream. A refusal that cannot pass still stops it at once
+// (TestServiceStopsOnARejectedSessionTimeout, the ACL tests).
+func TestServiceRidesOutABrokerRestartWhileCreatingTopics(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, inTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	var dropped atomic.Int32
+	c.ControlKey(int16(kmsg.CreateTopics), dropConnection(c, 3, &dropped))
+	brokers := c.ListenAddrs()
+	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
+	svc, _ := startService(t, cfg)
+	waitFor(t, "the service to be ready", 60*time.Second, svc.Ready)
+	if n := dropped.Load(); n < 4 {
+		t.Fatalf("%d CreateTopics requests, want the 3 dropped ones and the ones that created the topics", n)
+	}
+	st := streamtest.Generate(inTopic, 5, 200, 2)
+	produce(t, brokers, st.Records)
+	got := readOutputs(t, brokers, len(st.Records), 60*time.Second)
+	streamtest.Check(t, st, cfg.Specs, got, true)
+}

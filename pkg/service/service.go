@@ -36,6 +36,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
+	"github.com/velocity-consumer/velocity-consumer/internal/retry"
 	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/feature"
@@ -424,7 +425,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return giveUp(fmt.Errorf("reach brokers %v: %w (check --brokers and that the cluster is up)", s.cfg.Brokers, err))
 	}
-	if err := s.checkTopics(ctx); err != nil {
+	if err := s.checkTopicsRetrying(ctx); err != nil {
 		if ctx.Err() != nil {
 			giveUp(err)
 			return nil // stopped while waiting for the input topic: nothing to checkpoint
@@ -681,6 +682,9 @@ func (s *Service) assigned(ctx context.Context, offsets map[string]map[int32]kgo
 		return nil, err
 	}
 	parts := offsets[s.cfg.InputTopic]
+	if len(parts) > 0 {
+		s.log.Info("taking over partitions", zap.Int("partitions", len(parts)))
+	}
 	var acquired []int32
 	s.restoring.Add(int32(len(parts)))
 	s.gauges.restoring.Set(float64(s.restoring.Load()))
@@ -760,7 +764,9 @@ func (s *Service) acquire(ctx context.Context, p int32, committed int64) (int64,
 		// holding an offset for p pending, and the committed offset final
 		// (the one handed to us was read before the fence).
 		var err error
+		s.log.Debug("exactly-once: fencing the previous owner", zap.Int32("partition", p))
 		if txn, err = s.newTxnProducer(ctx, p); err == nil {
+			s.log.Debug("exactly-once: fenced; reading the committed offset", zap.Int32("partition", p))
 			if committed, meta, err = s.committedOffset(ctx, p); err == nil {
 				err = s.refreshInputTopicID(ctx)
 			}
@@ -789,11 +795,13 @@ func (s *Service) acquire(ctx context.Context, p int32, committed int64) (int64,
 	// The group generation breaks a tie between two claims made from the
 	// same stored epoch (a claimant frozen between its read and its write).
 	_, gen := s.cons.GroupMetadata()
+	s.log.Debug("claiming the partition in the snapshot store", zap.Int32("partition", p), zap.Int64("committed", committed))
 	epoch, err := s.cfg.Store.Claim(ctx, s.key(p), uint32(max(gen, 0)))
 	if err != nil {
 		closeTxn()
 		return 0, fmt.Errorf("partition %d: claim it in the snapshot store: %w", p, err)
 	}
+	s.log.Debug("claimed; restoring", zap.Int32("partition", p), zap.Uint64("epoch", epoch))
 	note, hasNote, err := checkpoint.ParseCommitMetadata(meta)
 	if err != nil {
 		s.log.Warn("exactly-once: the committed offset's metadata is not ours; matching the snapshot by offset alone",
@@ -1108,6 +1116,30 @@ func (s *Service) checkTopics(ctx context.Context) error {
 		s.log.Info("created missing topic", zap.String("topic", t), zap.Int32("partitions", partitions))
 	}
 	return err
+}
+
+// checkTopicsRetrying is checkTopics, retried for up to takeoverRetry while it
+// fails for a reason that may pass (retry.Transient): a broker restarting just
+// after the ping answered used to stop the service at start, on the first
+// refused metadata or create request. Waiting for the input topic to exist is
+// not bounded by it; a refusal (authorization, a repartition topic with another
+// partition count) fails at once.
+func (s *Service) checkTopicsRetrying(ctx context.Context) error {
+	deadline := time.Now().Add(takeoverRetry)
+	backoff := 200 * time.Millisecond
+	for {
+		err := s.checkTopics(ctx)
+		if err == nil || ctx.Err() != nil || !retry.Transient(err) || time.Now().Add(backoff).After(deadline) {
+			return err
+		}
+		s.log.Warn("checking the topics failed for a reason that may pass; retrying", zap.Duration("in", backoff), zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
 }
 
 // waitForInput returns the input topic's partition count once it exists.
