@@ -220,6 +220,10 @@ func (p *Processor) AnnounceOwner(emit func(*Output)) {
 	}
 }
 
+// IdleDeclared reports whether a first stage has told its second stages that its
+// input is quiet and has processed no record since.
+func (p *Processor) IdleDeclared() bool { return p.hop != nil && p.hop.idleSent }
+
 // NeedsIdleVerdict reports whether a first stage has not yet told its second
 // stages that its input is quiet: the caller checks that the input is really
 // read to its end only then.

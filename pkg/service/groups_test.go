@@ -179,3 +179,109 @@ func testRekeyedGroup(t *testing.T, eos bool) {
 		t.Fatalf("%d rows read twice under exactly-once", copies)
 	}
 }
+
+// TestExactlyOnceFirstStageCommitsIdleChangesAtOnce: under exactly-once a first
+// stage's hop records reach its second stages only when its transaction commits.
+// With a checkpoint interval of four minutes, the idle declaration, and then the
+// first records after it (with records arriving every 100 ms, so that the
+// partition is never idle again), are still committed at once: the second stages
+// do not wait an interval for a quiet partition, and a partition that wakes up is
+// not left out of the order (its events overtaken by the other sources' commits)
+// for one. Before the change neither was committed within the test's minute.
+func TestExactlyOnceFirstStageCommitsIdleChangesAtOnce(t *testing.T) {
+	const partitions = 2
+	brokers := newCluster(t, partitions)
+	d, err := definition.Parse("groups.yaml", []byte(groupsDefinition))
+	if err != nil {
+		t.Fatal(err)
+	}
+	comp, err := definition.Compile(d, "", codec.DefaultLimits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	specs, err := definition.EngineSpecs(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	repTopic := "__velocity-repartition-g-cur"
+	first := testConfig(t, brokers, checkpoint.NewMemoryStore())
+	first.Specs, first.Features, first.Decoder = slices.Clone(specs[0].Spec.Windows), specs[0].Spec, comp.Decoder()
+	first.Hops = []pipeline.HopGroup{{Name: "cur", Topic: repTopic, Words: specs[1].Spec.Words()}}
+	first.Watermark = watermark.Config{AllowedLateness: 500, IdleTimeout: 300 * time.Millisecond}
+	first.ExactlyOnce, first.CheckpointInterval = true, 4*time.Minute // the transaction timeout, 3 intervals, stays under the broker's 15 min
+	st := streamtest.Generate(inTopic, 5, 200, partitions)
+	produce(t, brokers, st.Records)
+	startService(t, first)
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(repTopic), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var dec repartition.Decoder
+	var rec repartition.Record
+	idle := map[int32]bool{}
+	events := map[streamtest.Source]bool{}
+	read := func(what string, done func() bool) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		for !done() {
+			fs := cl.PollFetches(ctx)
+			if ctx.Err() != nil {
+				t.Fatalf("no committed %s on %s within a minute (checkpoint interval 4 min)", what, repTopic)
+			}
+			fs.EachRecord(func(r *kgo.Record) {
+				if err := dec.Decode(r.Value, &rec); err != nil {
+					t.Fatalf("repartition record %d/%d: %v", r.Partition, r.Offset, err)
+				}
+				switch {
+				case rec.Kind == repartition.KindMarker && rec.Idle:
+					idle[rec.Source] = true
+				case rec.Kind == repartition.KindEvent:
+					events[streamtest.Source{Partition: rec.Source, Offset: rec.Offset}] = true
+				}
+			})
+		}
+	}
+	read("idle marker from every input partition", func() bool { return len(idle) == partitions })
+	if len(events) == 0 {
+		t.Fatal("the idle declaration's commit carried none of the input's hop records")
+	}
+
+	// Wake partition 0 with one more record: a new event, with a currency, after
+	// everything so far (so accepted, and hopped).
+	var n0, newest int64
+	for _, r := range st.Records {
+		if r.Partition == 0 {
+			n0++
+		}
+	}
+	for _, evs := range st.ByPart {
+		for _, e := range evs {
+			newest = max(newest, e.Time)
+		}
+	}
+	// Then keep it busy, a record every 100 ms, so that it is never idle again:
+	// only the wake-up's own commit can make the first record visible.
+	stop := make(chan struct{})
+	produced := make(chan struct{})
+	go func() {
+		defer close(produced)
+		for i := 0; ; i++ {
+			id := fmt.Sprintf("wake-%d", i)
+			v := codec.EncodeTransaction(&codec.Transaction{EventID: id, EntityID: "e-wake", AmountMinor: 100, Currency: "EUR", EventTime: newest + 10_000 + int64(i)})
+			produce(t, brokers, []*kgo.Record{{Topic: inTopic, Partition: 0, Key: []byte("e-wake"), Value: v}})
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	woke := streamtest.Source{Partition: 0, Offset: n0}
+	read(fmt.Sprintf("hop record of the record that woke partition 0 (offset %d)", n0), func() bool { return events[woke] })
+	close(stop)
+	<-produced
+}

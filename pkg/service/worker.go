@@ -194,10 +194,27 @@ func (w *worker) run() {
 	for {
 		select {
 		case b := <-w.in:
+			idle := w.proc.IdleDeclared()
 			w.process(b)
 			b.round.finish()
 			w.advanceSweep(sweepSlice)
 			lastBatch = time.Now()
+			if idle && !w.proc.IdleDeclared() && w.txn != nil {
+				// Exactly-once, a re-keyed group's first stage waking up from
+				// idle: commit now, not at the next interval. Its hop records
+				// reach the second stages only with its commit, and until then
+				// the other sources' commits move the frontier past its new
+				// events, which are then counted out of order
+				// (docs/repartition.md, the idle rule): the extra commit keeps
+				// that window to one batch. (The tick commits an idle
+				// declaration at once for the same reason: until its markers are
+				// committed, the second stages wait for this partition.)
+				if err := w.checkpoint(); err != nil {
+					w.leaveOrFail(err)
+					return
+				}
+				lastCheckpoint = time.Now()
+			}
 		case <-tick.C:
 			if time.Since(lastBatch) >= sweepIdleAfter {
 				w.advanceSweep(sweepIdleSlice)
@@ -220,8 +237,12 @@ func (w *worker) run() {
 				// A re-keyed group's first stage: its watermark to the second
 				// stages, and the idle verdict only once everything the fetches
 				// reported is read, so that a slow fetch is not a quiet input.
+				idle := w.proc.IdleDeclared()
 				w.proc.HopMarkers(w.idleVerdict(), w.emitFn)
 				w.updatePressure()
+				if !idle && w.proc.IdleDeclared() && w.txn != nil {
+					lastCheckpoint = time.Time{} // commit the idle markers now (see the wake-up above)
+				}
 			}
 			if time.Since(lastCheckpoint) >= w.s.cfg.CheckpointInterval && !w.bgBusy {
 				lastCheckpoint = time.Now()
