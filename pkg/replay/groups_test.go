@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/velocity-consumer/velocity-consumer/internal/cpuclock"
 	"github.com/velocity-consumer/velocity-consumer/internal/streamtest"
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/definition"
@@ -46,9 +47,15 @@ func (s *memSource) Read(ctx context.Context, p int32, prog *Progress, fn func(*
 }
 
 // logSink keeps every Write as a line of every field a sink reads, in order.
-type logSink struct{ b bytes.Buffer }
+type logSink struct {
+	b       bytes.Buffer
+	discard bool // count nothing, keep nothing: for benchmarks
+}
 
 func (s *logSink) Write(o *pipeline.Output) error {
+	if s.discard {
+		return nil
+	}
 	fmt.Fprintf(&s.b, "%t %t %q %q %q %q %q %d %d %q\n", o.Dead, o.Key == nil, o.Key, o.Value, o.Reason, o.Err,
 		o.SourceTopic, o.SourcePartition, o.SourceOffset, o.Group)
 	return nil
@@ -60,7 +67,11 @@ const groupsLateness = 5 * time.Second
 
 // groupsRun replays src with the payment definition's groups, with the plain
 // schedule (direct) or replay's, and returns every sink's bytes and the result.
-func groupsRun(t *testing.T, src Source, direct bool, tmp string) (map[string]string, Result) {
+func groupsRun(t testing.TB, src Source, direct bool, tmp string) (map[string]string, Result) {
+	return groupsRunTo(t, src, direct, tmp, false)
+}
+
+func groupsRunTo(t testing.TB, src Source, direct bool, tmp string, discard bool) (map[string]string, Result) {
 	t.Helper()
 	def, err := definition.LoadFile("../../internal/streamtest/" + streamtest.PaymentGroupsFile)
 	if err != nil {
@@ -78,14 +89,14 @@ func groupsRun(t *testing.T, src Source, direct bool, tmp string) (map[string]st
 	if err != nil {
 		t.Fatal(err)
 	}
-	sinks := map[string]*logSink{"features": {}, "dead": {}}
+	sinks := map[string]*logSink{"features": {discard: discard}, "dead": {discard: discard}}
 	cfg := Config{
 		Pipeline: pipeline.Config{Specs: specs[0].Spec.Windows, Decoder: dec, Features: specs[0].Spec,
 			Watermark: watermark.Config{AllowedLateness: groupsLateness.Milliseconds()}},
 		Features: sinks["features"], Dead: sinks["dead"], TempDir: tmp,
 	}
 	for _, g := range specs[1:] {
-		sinks[g.Name] = &logSink{}
+		sinks[g.Name] = &logSink{discard: discard}
 		cfg.Groups = append(cfg.Groups, Group{Name: g.Name, Spec: g.Spec, Features: sinks[g.Name]})
 	}
 	res := Result{ByReason: map[codec.Reason]int64{}}
@@ -110,7 +121,7 @@ func groupsRun(t *testing.T, src Source, direct bool, tmp string) (map[string]st
 }
 
 // paymentSource encodes s as a memSource.
-func paymentSource(t *testing.T, s streamtest.Payments) *memSource {
+func paymentSource(t testing.TB, s streamtest.Payments) *memSource {
 	t.Helper()
 	schema, err := os.ReadFile("../../internal/streamtest/" + streamtest.PaymentSchemaFile)
 	if err != nil {
@@ -265,4 +276,30 @@ func firstDiff(a, b string) int {
 		}
 	}
 	return min(len(a), len(b))
+}
+
+// BenchmarkGroupsSchedule is a whole replay of 4 partitions (12 000 payment records,
+// two re-keyed groups, logging sinks) with the plain schedule and with replay's
+// (spooled hop records, fed as the last partition needs them): what bounding the
+// second stages' memory costs per input record.
+func BenchmarkGroupsSchedule(b *testing.B) {
+	src := paymentSource(b, streamtest.PaymentStream(streamtest.PaymentStreamConfig{Seed: 11, N: 12000, Partitions: 4, Lateness: groupsLateness}))
+	records := 0
+	for _, p := range src.parts {
+		records += len(p)
+	}
+	for _, direct := range []bool{true, false} {
+		name := "spooled"
+		if direct {
+			name = "plain"
+		}
+		b.Run(name, func(b *testing.B) {
+			tmp := b.TempDir()
+			cpu0 := cpuclock.Nanos()
+			for b.Loop() {
+				groupsRunTo(b, src, direct, tmp, true)
+			}
+			b.ReportMetric(float64(cpuclock.Nanos()-cpu0)/float64(b.N*records), "cpu-ns/record")
+		})
+	}
 }
