@@ -237,7 +237,8 @@ func runReplay(ctx context.Context, r *replayFlags, log *zap.Logger) error {
 		fields = append(fields, zap.Int64("dead_"+string(reason), res.ByReason[reason]))
 	}
 	for _, g := range res.Groups {
-		fields = append(fields, zap.Dict("group_"+g.Name, zap.Int64("features", g.Features), zap.Int64("dead_letters", g.Dead), zap.Uint64("without_key", g.KeyMissing)))
+		fields = append(fields, zap.Dict("group_"+g.Name, zap.Int64("features", g.Features), zap.Int64("dead_letters", g.Dead), zap.Uint64("without_key", g.KeyMissing),
+			zap.Int("peak_pending_events", g.PeakPending), zap.Int64("hop_bytes_spooled", g.Spooled)))
 	}
 	log.Info("replay complete", fields...)
 	if res.KeyMismatch > 0 {

@@ -23,8 +23,12 @@ func FuzzDecodeRecord(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var d Decoder
 		var r Record
+		kind, w, perr := PeekWatermark(b)
 		if err := d.Decode(b, &r); err != nil {
 			return
+		}
+		if perr != nil || kind != r.Kind || w != r.Watermark {
+			t.Fatalf("PeekWatermark = %v, %d, %v; Decode gave %v, %d", kind, w, perr, r.Kind, r.Watermark)
 		}
 		if r.Kind == KindEvent && (r.Watermark > r.EventTime || r.EventTime > MaxEventTime || r.Key == "" || r.EventID == "") {
 			t.Fatalf("accepted an event breaking the hop's rules: %+v", r)

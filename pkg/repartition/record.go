@@ -382,3 +382,47 @@ func (r *reader) bytes(maxLen int, tooLong error) []byte {
 	r.i += int(n)
 	return s
 }
+
+// PeekWatermark returns the kind and the watermark of hop record b without decoding
+// the rest: for a caller that routes records it wrote itself by their promise (replay
+// keeps a source's hops for later and feeds them as far as its frontier needs). It
+// reads the fields up to the watermark with Decode's rules and refuses what Decode
+// refuses there; it does not check the fields after it, so a record it accepts may
+// still be one Decode refuses.
+func PeekWatermark(b []byte) (Kind, int64, error) {
+	if len(b) < 2 {
+		return 0, 0, &DecodeError{ErrTruncated, len(b)}
+	}
+	if b[0] != RecordVersion {
+		return 0, 0, &DecodeError{ErrVersion, 0}
+	}
+	rd := reader{b: b, i: 2}
+	rd.uvarint() // epoch
+	if src := rd.uvarint(); rd.err == nil && src > math.MaxInt32 {
+		return 0, 0, &DecodeError{ErrSource, rd.i}
+	}
+	var w int64
+	switch kind := Kind(b[1]); kind {
+	case KindEvent:
+		if off := rd.uvarint(); rd.err == nil && off > math.MaxInt64 {
+			return 0, 0, &DecodeError{ErrOffset, rd.i}
+		}
+		t := rd.varint()
+		if rd.err == nil && t > MaxEventTime {
+			return 0, 0, &DecodeError{ErrEventTime, rd.i}
+		}
+		lag := rd.uvarint()
+		if rd.err == nil && lag > uint64(t)-minInt64Bits {
+			return 0, 0, &DecodeError{ErrWatermark, rd.i}
+		}
+		w = int64(uint64(t) - lag)
+	case KindMarker:
+		w = rd.varint()
+	default:
+		return 0, 0, &DecodeError{ErrKind, 1}
+	}
+	if rd.err != nil {
+		return 0, 0, &DecodeError{rd.err, rd.i}
+	}
+	return Kind(b[1]), w, nil
+}

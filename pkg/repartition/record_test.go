@@ -218,3 +218,38 @@ func TestEventWatermark(t *testing.T) {
 		}
 	}
 }
+
+// TestPeekWatermark: the kind and watermark of every record AppendRecord writes, and
+// Decode's refusals of the fields before the watermark.
+func TestPeekWatermark(t *testing.T) {
+	far := sampleEvent()
+	far.EventTime, far.Watermark = MaxEventTime, NoWatermark
+	for _, r := range []Record{sampleEvent(), far, hop(3, 7, 100, 95), hop(0, 0, -5, -5), mark(2, 99), mark(1, NoWatermark), idleMark(4, math.MaxInt64, 9)} {
+		b, err := AppendRecord(nil, &r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kind, w, err := PeekWatermark(b)
+		if err != nil || kind != r.Kind || w != r.Watermark {
+			t.Errorf("PeekWatermark(%+v) = %v, %d, %v; want %v, %d", r, kind, w, err, r.Kind, r.Watermark)
+		}
+	}
+	ev, _ := AppendRecord(nil, &[]Record{hop(3, 7, 100, 95)}[0])
+	for _, c := range []struct {
+		name string
+		b    []byte
+		want error
+	}{
+		{"empty", nil, ErrTruncated},
+		{"version only", []byte{1}, ErrTruncated},
+		{"other version", append([]byte{2}, ev[1:]...), ErrVersion},
+		{"unknown kind", append([]byte{1, 3}, ev[2:]...), ErrKind},
+		{"cut in the watermark", ev[:6], ErrTruncated},
+		{"non-minimal epoch", append([]byte{1, 1, 0x80, 0x00}, ev[3:]...), ErrVarint},
+		{"source above int32", append([]byte{1, 1, 0, 0x80, 0x80, 0x80, 0x80, 0x08}, ev[4:]...), ErrSource},
+	} {
+		if _, _, err := PeekWatermark(c.b); !errors.Is(err, c.want) {
+			t.Errorf("%s: PeekWatermark(%x) = %v; want %v", c.name, c.b, err, c.want)
+		}
+	}
+}

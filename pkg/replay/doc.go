@@ -14,6 +14,11 @@
 // Partitions are replayed one after another in ascending order, so every output
 // holds partition 0's outputs (in emit order), then partition 1's, and so on.
 // That makes an output file a pure function of the input range and the flags.
+// Re-keyed groups (Config.Groups) write in the order of that schedule too, but
+// their second stages are fed the earlier partitions' hop records only as the
+// last partition needs them, from a spool (memory, then a temporary file), so
+// that they hold events for about the allowed lateness rather than the whole
+// range (groups.go).
 //
 // File outputs are written to NAME.partial and renamed to NAME only when the
 // whole range has been replayed and the file is synced, so a file under its

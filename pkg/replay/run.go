@@ -55,7 +55,11 @@ type Config struct {
 	// their first stage, and one second stage per repartition partition merges
 	// what all of them sent it. The second stages hear that every source ended
 	// once the last partition is done, so they release everything then.
+	// The hop records of every partition but the last are kept for the second
+	// stages in memory up to about 64 MiB, then in a temporary file in TempDir.
 	Groups []Group
+	// TempDir is where that file goes; "" is os.TempDir().
+	TempDir string
 }
 
 // Group is one re-keyed group of a replay.
@@ -72,6 +76,12 @@ type GroupResult struct {
 	Name                     string
 	Features, Dead           int64
 	KeyMissing, HopDuplicate uint64
+	// PeakPending is the most events the group's second stages held at once,
+	// waiting for every source's watermark to pass them.
+	PeakPending int
+	// Spooled is how many bytes of hop records were kept for its second stages
+	// (in memory or the temporary file) to be fed later.
+	Spooled int64
 }
 
 // Result counts what a replay did. Every input record yields exactly one
@@ -115,21 +125,34 @@ func Run(ctx context.Context, src Source, cfg Config) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	for _, p := range src.Partitions() {
+	err = run(ctx, src, cfg, prog, &res, st)
+	if cerr := st.close(); err == nil {
+		err = cerr
+	}
+	return res, err
+}
+
+func run(ctx context.Context, src Source, cfg Config, prog *Progress, res *Result, st *secondStages) error {
+	parts := src.Partitions()
+	for i, p := range parts {
 		if err := ctx.Err(); err != nil {
-			return res, err
+			return err
 		}
-		if err := runPartition(ctx, src, p, cfg, prog, &res, st); err != nil {
-			return res, err
+		if st != nil {
+			st.begin(p, i == len(parts)-1)
+		}
+		if err := runPartition(ctx, src, p, cfg, prog, res, st); err != nil {
+			return err
+		}
+		if st != nil {
+			st.endPartition(p)
 		}
 		res.Partitions = append(res.Partitions, p)
 	}
 	if st != nil {
-		if err := st.end(); err != nil {
-			return res, err
-		}
+		return st.end(ctx)
 	}
-	return res, nil
+	return nil
 }
 
 func runPartition(ctx context.Context, src Source, p int32, cfg Config, prog *Progress, res *Result, st *secondStages) error {
