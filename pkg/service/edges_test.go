@@ -396,3 +396,88 @@ func TestServiceRidesOutABrokerRestartWhileCreatingTopics(t *testing.T) {
 	got := readOutputs(t, brokers, len(st.Records), 60*time.Second)
 	streamtest.Check(t, st, cfg.Specs, got, true)
 }
+
+// TestServiceExactlyOnceTakesOverAPendingOffsetCommit: the previous owner of a
+// partition died between the TxnOffsetCommit of its transaction and the
+// EndTxn, leaving an offset commit pending for the group. franz-go's group
+// consumer fetches the offsets of an assigned partition with RequireStable, so
+// the broker answers UNSTABLE_OFFSET_COMMIT until that transaction ends; the
+// new owner fenced the old transactional id (which aborts it) only after that
+// fetch, in AdjustFetchOffsetsFn, and so waited for the old transaction's
+// timeout (a minute here; the fault checker found a second stage stuck so).
+// The new owner now fences in OnPartitionsAssigned, before the fetch, and
+// publishes the stream well within the dead owner's transaction timeout.
+func TestServiceExactlyOnceTakesOverAPendingOffsetCommit(t *testing.T) {
+	const partitions = 2
+	brokers := newCluster(t, partitions)
+	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
+	cfg.ExactlyOnce = true
+	st := streamtest.Generate(inTopic, 11, 400, partitions)
+	produce(t, brokers, st.Records)
+
+	// An earlier owner committed offset 0 for partition 0 (the group exists);
+	// the dead owner's transaction commits offset 3 and never ends.
+	var offs kadm.Offsets
+	offs.Add(kadm.Offset{Topic: inTopic, Partition: 0, At: 0, LeaderEpoch: -1})
+	if err := kadm.NewClient(newClient(t, brokers)).CommitAllOffsets(context.Background(), cfg.Group, offs); err != nil {
+		t.Fatal(err)
+	}
+	svc0, err := New(cfg, zaptest.NewLogger(t), metrics.New(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.TransactionalID(svc0.transactionalID(0)), kgo.TransactionTimeout(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := dead.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	id, epoch, err := dead.ProducerID(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	add := kmsg.NewPtrAddOffsetsToTxnRequest()
+	add.TransactionalID, add.ProducerID, add.ProducerEpoch, add.Group = svc0.transactionalID(0), id, epoch, cfg.Group
+	if resp, err := add.RequestWith(ctx, dead); err != nil || resp.ErrorCode != 0 {
+		t.Fatalf("AddOffsetsToTxn: %v, code %d", err, resp.ErrorCode)
+	}
+	commit := kmsg.NewPtrTxnOffsetCommitRequest()
+	commit.TransactionalID, commit.Group, commit.ProducerID, commit.ProducerEpoch, commit.Generation = svc0.transactionalID(0), cfg.Group, id, epoch, -1
+	md, err := kadm.NewClient(newClient(t, brokers)).Metadata(ctx, inTopic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := kmsg.NewTxnOffsetCommitRequestTopic()
+	rt.Topic, rt.TopicID = inTopic, md.Topics[inTopic].ID // v6 names the topic by id (KIP-1319)
+	rp := kmsg.NewTxnOffsetCommitRequestTopicPartition()
+	rp.Partition, rp.Offset, rp.LeaderEpoch = 0, 3, -1
+	rt.Partitions = append(rt.Partitions, rp)
+	commit.Topics = append(commit.Topics, rt)
+	if resp, err := commit.RequestWith(ctx, dead); err != nil || resp.Topics[0].Partitions[0].ErrorCode != 0 {
+		t.Fatalf("TxnOffsetCommit: %v, %+v", err, resp)
+	}
+	dead.Close() // no EndTxn: the offset commit stays pending
+
+	// Stable offsets are refused while it is pending: the state the new owner meets.
+	fo, err := kadm.NewClient(newClient(t, brokers)).FetchOffsets(kadm.RequireStable(ctx), cfg.Group)
+	if err == nil {
+		if r, ok := fo.Lookup(inTopic, 0); ok {
+			err = r.Err
+		}
+	}
+	if !errors.Is(err, kerr.UnstableOffsetCommit) {
+		t.Fatalf("stable offset fetch: %v, want UNSTABLE_OFFSET_COMMIT: the test does not build the state it means to", err)
+	}
+
+	start := time.Now()
+	svc, _ := startService(t, cfg)
+	got := readOutputs(t, brokers, len(st.Records), 30*time.Second)
+	streamtest.Check(t, st, cfg.Specs, got, true)
+	if err := svc.Healthy(); err != nil {
+		t.Fatalf("stopped: %v", err)
+	}
+	t.Logf("every output read_committed %v after the start", time.Since(start).Round(time.Millisecond))
+}

@@ -16,7 +16,10 @@ package service
 //     the producer with p's transactional id before it reads the committed
 //     offset, which aborts whatever transaction a crashed or zombie previous
 //     owner left open and fences that owner's later writes. Only then is the
-//     committed offset read, and it is final.
+//     committed offset read, and it is final. It does so as soon as the group
+//     assigns p (Service.fenceOnAssign), before franz-go's own stable offset
+//     fetch, which an offset commit pending in such a transaction would
+//     otherwise hold until the transaction timed out.
 //   - The cost is one producer client (and its connections) per assigned
 //     partition; fine for tens of partitions per instance, worth revisiting
 //     for hundreds.

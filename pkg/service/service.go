@@ -26,6 +26,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -236,6 +237,10 @@ type Service struct {
 	// the time it left: fetching is paused until the group revokes the
 	// partition or, if the group still gives it to us, reacquireLost restarts it.
 	txnLost map[int32]time.Time
+	// fenced holds, under exactly-once, the transactional producers that
+	// fencedOnAssign initialised for partitions just assigned, until acquire
+	// takes them (or a revoke, a loss or the end of Run closes them).
+	fenced map[int32]*kgo.Client
 	// ownerCheck is when reacquireLost last asked the coordinator (poll loop only).
 	ownerCheck time.Time
 	// wakePoll ends the poll in progress (under mu).
@@ -274,7 +279,7 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Service, error) {
 			return nil, fmt.Errorf("service: writer schema: %w", err)
 		}
 	}
-	s := &Service{cfg: cfg, log: log, m: m, dec: dec, workers: make(map[int32]*worker), txnLost: make(map[int32]time.Time),
+	s := &Service{cfg: cfg, log: log, m: m, dec: dec, workers: make(map[int32]*worker), txnLost: make(map[int32]time.Time), fenced: make(map[int32]*kgo.Client),
 		setUp: make(chan struct{}), roundWait: defaultRoundWait}
 	s.gauges.assigned, s.gauges.restoring, s.gauges.paused = m.AssignedPartition, m.PartitionsRestoring, m.PausedPartitions
 	if g := cfg.Merge; g != nil {
@@ -393,6 +398,7 @@ func (s *Service) Run(ctx context.Context) error {
 		kgo.AdjustFetchOffsetsFn(s.assigned),
 		kgo.OnPartitionsRevoked(s.revoked),
 		kgo.OnPartitionsLost(s.lost),
+		kgo.OnPartitionsAssigned(s.fenceOnAssign),
 		kgo.FetchMaxBytes(32 << 20),
 		kgo.FetchMinBytes(s.cfg.FetchMinBytes),
 		kgo.FetchMaxWait(s.cfg.FetchMaxWait),
@@ -450,6 +456,7 @@ func (s *Service) Run(ctx context.Context) error {
 		s.stopAll(false)
 	}
 	s.cons.Close()
+	s.closeFenced(nil)
 	return s.Healthy()
 }
 
@@ -764,8 +771,15 @@ func (s *Service) acquire(ctx context.Context, p int32, committed int64) (int64,
 		// holding an offset for p pending, and the committed offset final
 		// (the one handed to us was read before the fence).
 		var err error
-		s.log.Debug("exactly-once: fencing the previous owner", zap.Int32("partition", p))
-		if txn, err = s.newTxnProducer(ctx, p); err == nil {
+		s.mu.Lock()
+		txn = s.fenced[p]
+		delete(s.fenced, p)
+		s.mu.Unlock()
+		if txn == nil {
+			s.log.Debug("exactly-once: fencing the previous owner", zap.Int32("partition", p))
+			txn, err = s.newTxnProducer(ctx, p)
+		}
+		if err == nil {
 			s.log.Debug("exactly-once: fenced; reading the committed offset", zap.Int32("partition", p))
 			if committed, meta, err = s.committedOffset(ctx, p); err == nil {
 				err = s.refreshInputTopicID(ctx)
@@ -1191,14 +1205,66 @@ func (s *Service) numWorkers() int {
 }
 
 func (s *Service) revoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	s.closeFenced(revoked[s.cfg.InputTopic])
 	if s.waitSetUp(ctx) == nil {
 		s.stopPartitions(revoked[s.cfg.InputTopic], true)
 	}
 }
 
 func (s *Service) lost(ctx context.Context, _ *kgo.Client, lost map[string][]int32) {
+	s.closeFenced(lost[s.cfg.InputTopic])
 	if s.waitSetUp(ctx) == nil {
 		s.stopPartitions(lost[s.cfg.InputTopic], false)
+	}
+}
+
+// fenceOnAssign, under exactly-once, fences the previous owners of the
+// partitions just assigned: it initialises each one's transactional producer,
+// which aborts the transaction a previous owner left open, and keeps it for
+// acquire. It must run here, before franz-go fetches the group's committed
+// offsets for them. That fetch asks for stable offsets, and the broker refuses
+// them (UNSTABLE_OFFSET_COMMIT, retried) while an offset commit of an open
+// transaction is pending. A previous owner that died between its
+// TxnOffsetCommit and its EndTxn left exactly that. acquire, which fenced only
+// after the fetch, then waited for that transaction to time out (a minute or
+// more), with the partition, and the others in its assignment, neither
+// consumed nor committed meanwhile. A fence that fails here is retried by
+// acquire, which fences whenever it finds no producer kept.
+func (s *Service) fenceOnAssign(ctx context.Context, _ *kgo.Client, assigned map[string][]int32) {
+	if !s.cfg.ExactlyOnce || s.waitSetUp(ctx) != nil {
+		return
+	}
+	for _, p := range assigned[s.cfg.InputTopic] {
+		s.log.Debug("exactly-once: fencing the previous owner before the offset fetch", zap.Int32("partition", p))
+		txn, err := s.newTxnProducer(ctx, p)
+		if err != nil {
+			s.log.Info("exactly-once: fencing a partition just assigned failed; its takeover fences it again", zap.Int32("partition", p), zap.Error(err))
+			continue
+		}
+		s.mu.Lock()
+		old := s.fenced[p]
+		s.fenced[p] = txn
+		s.mu.Unlock()
+		if old != nil {
+			old.Close()
+		}
+	}
+}
+
+// closeFenced closes the producers fenceOnAssign kept for parts (nil: all)
+// that no takeover took.
+func (s *Service) closeFenced(parts []int32) {
+	s.mu.Lock()
+	var drop []*kgo.Client
+	for p, cl := range s.fenced {
+		if parts == nil || slices.Contains(parts, p) {
+			drop = append(drop, cl)
+			delete(s.fenced, p)
+		}
+	}
+	s.mu.Unlock()
+	for _, cl := range drop {
+		cl.Close()
 	}
 }
 
