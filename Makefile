@@ -160,11 +160,11 @@ CHAOS_SEEDS ?=
 CHAOS_LOGS ?= bin/chaos
 CHAOS_REPORT ?= $(CHAOS_LOGS)/report.tsv
 CHAOS_TIMEOUT ?= 6h
-# One variant only: CHAOS_STORES=kafka, file (both file runs), file-features or kafka-groups
+# One variant only: CHAOS_STORES=kafka (both kafka runs), kafka-groups, file (both file runs) or file-features
 CHAOS_STORES ?=
 chaos:
 	mkdir -p $(CHAOS_LOGS)
-	VELOCITY_REQUIRE_KAFKA=1 VELOCITY_CHAOS_GROUPS=1 VELOCITY_CHAOS_DURATION=$(CHAOS_DURATION) VELOCITY_CHAOS_RUNS=$(CHAOS_RUNS) \
+	VELOCITY_REQUIRE_KAFKA=1 VELOCITY_CHAOS_DURATION=$(CHAOS_DURATION) VELOCITY_CHAOS_RUNS=$(CHAOS_RUNS) \
 		VELOCITY_CHAOS_SEED=$(CHAOS_SEEDS) VELOCITY_CHAOS_LOGS=$(abspath $(CHAOS_LOGS)) \
 		VELOCITY_CHAOS_REPORT=$(abspath $(CHAOS_REPORT)) \
 		$(GO) test -tags integration -count=1 -v -timeout $(CHAOS_TIMEOUT) -run 'TestChaos$$/$(CHAOS_STORES)' $(GOTESTFLAGS) ./integration/chaos/

@@ -197,24 +197,13 @@ var variants = []variant{
 	// The file store: a partition that moves meets stale snapshots, so
 	// restores of the definition's state are crossed most often there.
 	{name: "file-features", store: "file", features: "testdata/tx_features.yaml"},
-}
-
-// groupsVariant is the two-stage topology of re-keyed groups: every input
-// partition's first stage hops to every repartition partition, and each group's
-// second stage has state, offsets and transactions of its own; kills land between
-// a hop and the commit of the input offset that made it, and between a second
-// stage's outputs and its own commit. The kafka store moves partitions of both
-// stages freely. It runs only with VELOCITY_CHAOS_GROUPS=1 (make chaos
-// CHAOS_STORES=kafka-groups sets it): its exactly-once group has an open failure
-// under faults (seed 87225312: a group's outputs missing after the input went
-// quiet, docs/repartition.md "Known issue"), and a check that fails on a known,
-// unfixed defect would stop every other change from landing.
-var groupsVariant = variant{name: "kafka-groups", store: "kafka", features: "testdata/tx_groups.yaml"}
-
-func init() {
-	if os.Getenv("VELOCITY_CHAOS_GROUPS") == "1" {
-		variants = append(variants, groupsVariant)
-	}
+	// The two-stage topology of re-keyed groups: every input partition's first
+	// stage hops to every repartition partition, and each group's second stage
+	// has state, offsets and transactions of its own; kills land between a hop
+	// and the commit of the input offset that made it, and between a second
+	// stage's outputs and its own commit. The kafka store moves partitions of
+	// both stages freely.
+	{name: "kafka-groups", store: "kafka", features: "testdata/tx_groups.yaml"},
 }
 
 // rekeyed is one re-keyed group of a variant's definition as the checker reads
