@@ -5,6 +5,7 @@ import (
 
 	"github.com/twmb/avro"
 
+	"github.com/velocity-consumer/velocity-consumer/internal/cpuclock"
 	"github.com/velocity-consumer/velocity-consumer/schemas"
 )
 
@@ -27,11 +28,13 @@ func BenchmarkDecode(b *testing.B) {
 		var tx Transaction
 		b.ReportAllocs()
 		b.SetBytes(int64(len(value)))
+		cpu0 := cpuclock.Nanos()
 		for b.Loop() {
 			if r := dec.Decode(value, t0, true, &tx); r != nil {
 				b.Fatal(r)
 			}
 		}
+		b.ReportMetric(float64(cpuclock.Nanos()-cpu0)/float64(b.N), "cpu-ns/op")
 	}
 	b.Run("codec=fast", func(b *testing.B) { run(b, &fastDecoder{limits: l}) })
 	b.Run("codec=goavro", func(b *testing.B) {
