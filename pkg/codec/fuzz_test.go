@@ -134,6 +134,13 @@ func FuzzAppendFeatures(f *testing.F) {
 		if !bytes.Equal(got, want) {
 			t.Fatalf("AppendFeatures %x, goavro %x", got, want)
 		}
+		// Appending keeps what dst held, whether it had room or had to grow.
+		for _, c := range []int{3, 3 + len(want), 512} {
+			dst := append(make([]byte, 0, c), "pre"...)
+			if got := AppendFeatures(dst, &ft); string(got[:3]) != "pre" || !bytes.Equal(got[3:], want) {
+				t.Fatalf("AppendFeatures after 3 bytes (cap %d) = %x, want pre + %x", c, got, want)
+			}
+		}
 	})
 }
 
