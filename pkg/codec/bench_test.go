@@ -82,7 +82,7 @@ func BenchmarkEncodeFeatures(b *testing.B) {
 	})
 	// The same record every time lets the branch predictor learn every varint's
 	// length; the pipeline's records differ (times, counts, sums, offsets).
-	b.Run("codec=fast/varied", func(b *testing.B) {
+	varied := func() []Features {
 		rng := rand.New(rand.NewPCG(25, 2))
 		fs := make([]Features, 1024)
 		for k := range fs {
@@ -100,16 +100,30 @@ func BenchmarkEncodeFeatures(b *testing.B) {
 			}
 			fs[k] = g
 		}
-		buf := make([]byte, 0, 256)
-		b.ReportAllocs()
-		cpu0 := cpuclock.Nanos()
-		k := 0
-		for b.Loop() {
-			buf = AppendFeatures(buf[:0], &fs[k&1023])
-			k++
-		}
-		b.ReportMetric(float64(cpuclock.Nanos()-cpu0)/float64(b.N), "cpu-ns/op")
-	})
+		return fs
+	}
+	// FeaturesEncoder, as the pipeline encodes: the windows' names and widths, the
+	// topic and the partition encoded once.
+	for _, withEncoder := range []bool{false, true} {
+		name := map[bool]string{false: "codec=fast/varied", true: "codec=fast/varied/encoder"}[withEncoder]
+		b.Run(name, func(b *testing.B) {
+			fs := varied()
+			var enc FeaturesEncoder
+			buf := make([]byte, 0, 256)
+			b.ReportAllocs()
+			cpu0 := cpuclock.Nanos()
+			k := 0
+			for b.Loop() {
+				if withEncoder {
+					buf = enc.Append(buf[:0], &fs[k&1023])
+				} else {
+					buf = AppendFeatures(buf[:0], &fs[k&1023])
+				}
+				k++
+			}
+			b.ReportMetric(float64(cpuclock.Nanos()-cpu0)/float64(b.N), "cpu-ns/op")
+		})
+	}
 	b.Run("codec=goavro", func(b *testing.B) {
 		buf := make([]byte, 0, 256)
 		b.ReportAllocs()

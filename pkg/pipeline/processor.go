@@ -183,6 +183,7 @@ type Processor struct {
 	tx       codec.Transaction
 	aggs     []window.Agg
 	feat     codec.Features
+	enc      codec.FeaturesEncoder // feat's windows, topic and partition, encoded once
 	out      Output
 	released []watermark.Event
 	buf      []byte
@@ -587,7 +588,7 @@ func (p *Processor) apply(ev *watermark.Event, late bool, emit func(*Output)) er
 		f.MsSincePrevious, f.HasPrevious = gap, hasPrev
 		f.Late = late
 		f.SourceOffset = ev.Offset
-		p.buf = codec.AppendFeatures(p.buf[:0], f)
+		p.buf = p.enc.Append(p.buf[:0], f)
 	}
 
 	// The key gets a buffer of its own: p.out.Key may still point at a dead
