@@ -134,6 +134,13 @@ func FuzzAppendFeatures(f *testing.F) {
 		if !bytes.Equal(got, want) {
 			t.Fatalf("AppendFeatures %x, goavro %x", got, want)
 		}
+		// Appending keeps what dst held, whether it had room or had to grow.
+		for _, c := range []int{3, 3 + len(want), 512} {
+			dst := append(make([]byte, 0, c), "pre"...)
+			if got := AppendFeatures(dst, &ft); string(got[:3]) != "pre" || !bytes.Equal(got[3:], want) {
+				t.Fatalf("AppendFeatures after 3 bytes (cap %d) = %x, want pre + %x", c, got, want)
+			}
+		}
 	})
 }
 
@@ -278,5 +285,53 @@ func FuzzDecodeEvolved(f *testing.F) {
 		if v := validate(&tx, &l, 0, false); v != nil {
 			t.Fatalf("accepted an invalid transaction %+v: %v", tx, v)
 		}
+	})
+}
+
+// FuzzFeaturesEncoder: a FeaturesEncoder gives AppendFeatures' bytes for every
+// record, the first and those after it, whether they keep the constant fields it
+// encoded (windows, topic, partition) or change one of them (change picks which).
+func FuzzFeaturesEncoder(f *testing.F) {
+	f.Add("e5", "card-A", int64(t0), uint8(4), int64(1), int64(1300), true, false, "transactions", int32(3), int64(4), uint8(0))
+	f.Add("e", "c", int64(-1), uint8(7), int64(-9), int64(0), false, true, "", int32(-1), int64(-4), uint8(5))
+	f.Fuzz(func(t *testing.T, eventID, entityID string, eventTime int64, nWindows uint8, seed int64,
+		msPrev int64, hasPrev, late bool, topic string, partition int32, offset int64, change uint8) {
+		ft := Features{EventID: eventID, EntityID: entityID, EventTime: eventTime, MsSincePrevious: msPrev,
+			HasPrevious: hasPrev, Late: late, SourceTopic: topic, SourcePartition: partition, SourceOffset: offset}
+		for i := range int(nWindows % 8) {
+			v := seed * int64(i+1) * 0x5851F42D4C957F2D
+			ft.Windows = append(ft.Windows, WindowAgg{eventID[:len(eventID)*i/8] + strings.Repeat("w", i*int(change%8)), v, v >> 7, v >> 13, -v, v ^ 0x55, v >> 40})
+		}
+		var enc FeaturesEncoder
+		check := func(step string) {
+			t.Helper()
+			want := AppendFeatures([]byte("pre"), &ft)
+			if got := enc.Append([]byte("pre"), &ft); !bytes.Equal(got, want) {
+				t.Fatalf("%s: FeaturesEncoder %x, AppendFeatures %x", step, got, want)
+			}
+		}
+		check("first record")
+		for k := range ft.Windows { // the per-event fields change, the constant ones stay
+			w := &ft.Windows[k]
+			w.Count, w.SumMinor, w.MinMinor, w.MaxMinor = w.Count^seed, w.SumMinor+1, w.MinMinor>>1, -w.MaxMinor
+		}
+		ft.EventTime, ft.SourceOffset, ft.HasPrevious = ft.EventTime+msPrev, offset^seed, !hasPrev
+		check("next record")
+		switch c := change % 6; {
+		case c == 0 && len(ft.Windows) > 0:
+			ft.Windows[len(ft.Windows)-1].Name += "x"
+		case c == 1 && len(ft.Windows) > 0:
+			ft.Windows[0].WindowMs++
+		case c == 2 && len(ft.Windows) > 0:
+			ft.Windows[0].BucketMs--
+		case c == 3:
+			ft.SourceTopic += "t"
+		case c == 4:
+			ft.SourcePartition ^= 1
+		case c == 5:
+			ft.Windows = append(ft.Windows, WindowAgg{Name: "extra", WindowMs: 1, BucketMs: 1})
+		}
+		check("record with a constant field changed")
+		check("and the one after it")
 	})
 }

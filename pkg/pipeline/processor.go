@@ -183,6 +183,7 @@ type Processor struct {
 	tx       codec.Transaction
 	aggs     []window.Agg
 	feat     codec.Features
+	enc      codec.FeaturesEncoder // feat's windows, topic and partition, encoded once
 	out      Output
 	released []watermark.Event
 	buf      []byte
@@ -412,7 +413,8 @@ func (p *Processor) Process(r Record, emit func(*Output)) {
 	if p.fstate != nil {
 		ev.Ext = p.keepExt(p.tx.Ext)
 	}
-	switch p.stage.Offer(ev) {
+	verdict, now := p.stage.OfferNow(&ev)
+	switch verdict {
 	case watermark.Duplicate:
 		p.dead(&r, codec.ReasonDuplicate, "event_id "+strconv.Quote(ev.EventID)+" already accepted on this partition", emit)
 		return
@@ -440,8 +442,14 @@ func (p *Processor) Process(r Record, emit func(*Output)) {
 	if p.hop != nil {
 		p.hopEvent(&ev, emit)
 	}
-	p.released = p.stage.Ready(p.released[:0])
-	p.emitReleased(emit)
+	if now {
+		// Released at once (nothing was pending): counted without a trip through
+		// the reorder buffer, as Ready would have returned it alone.
+		p.applyReleased(&ev, emit)
+	} else {
+		p.released = p.stage.Ready(p.released[:0])
+		p.emitReleased(emit)
+	}
 	if p.cfg.Watermark.AllowedLateness > 0 {
 		// Events wait in the reorder buffer and about one leaves it per record:
 		// hint the entities of those that will leave a few records from now.
@@ -519,21 +527,25 @@ func (p *Processor) emitReleased(emit func(*Output)) {
 		if j := i + HintDistance; j < len(p.released) {
 			p.table.PrefetchRecord(p.released[j].EntityID)
 		}
-		ev := &p.released[i]
-		if err := p.apply(ev, false, emit); err != nil {
-			// An event released from the reorder buffer can only be older than its
-			// entity's newest one after an idle release; if its bucket has already
-			// left the ring it cannot be counted, so it is accounted for as late.
-			// An overflow is an amount the windows cannot hold: invalid.
-			reason := codec.ReasonLate
-			if !errors.Is(err, window.ErrExpired) {
-				reason = codec.Invalid("amount_minor")
-			}
-			p.deadReleased(ev, reason, err.Error(), emit)
-		}
+		p.applyReleased(&p.released[i], emit)
 	}
 	// Drop references to id strings so the GC can free them.
 	clear(p.released)
+}
+
+// applyReleased counts one event the reorder buffer released.
+func (p *Processor) applyReleased(ev *watermark.Event, emit func(*Output)) {
+	if err := p.apply(ev, false, emit); err != nil {
+		// An event released from the reorder buffer can only be older than its
+		// entity's newest one after an idle release; if its bucket has already
+		// left the ring it cannot be counted, so it is accounted for as late.
+		// An overflow is an amount the windows cannot hold: invalid.
+		reason := codec.ReasonLate
+		if !errors.Is(err, window.ErrExpired) {
+			reason = codec.Invalid("amount_minor")
+		}
+		p.deadReleased(ev, reason, err.Error(), emit)
+	}
 }
 
 // apply counts ev and emits its features. On error nothing was counted or emitted.
@@ -576,7 +588,7 @@ func (p *Processor) apply(ev *watermark.Event, late bool, emit func(*Output)) er
 		f.MsSincePrevious, f.HasPrevious = gap, hasPrev
 		f.Late = late
 		f.SourceOffset = ev.Offset
-		p.buf = codec.AppendFeatures(p.buf[:0], f)
+		p.buf = p.enc.Append(p.buf[:0], f)
 	}
 
 	// The key gets a buffer of its own: p.out.Key may still point at a dead

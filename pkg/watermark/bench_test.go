@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/velocity-consumer/velocity-consumer/internal/cpuclock"
 )
 
 // benchIDs are reused cyclically; each benchmark sets the dedupe horizon well below the
@@ -64,6 +66,48 @@ func BenchmarkInOrder(b *testing.B) {
 				offer()
 			}
 		})
+	}
+}
+
+// BenchmarkOfferNow is BenchmarkInOrder's lateness-0 cases through OfferNow, which
+// releases each event without a trip through the buffer, beside Offer + Ready on
+// the same input in the same run. One op = one event; cpu-ns/op is the process's CPU.
+func BenchmarkOfferNow(b *testing.B) {
+	for _, live := range []int64{0, 1000, 100_000} {
+		for _, now := range []bool{false, true} {
+			name := fmt.Sprintf("live=%d/api=%s", live, map[bool]string{false: "Offer+Ready", true: "OfferNow"}[now])
+			b.Run(name, func(b *testing.B) {
+				s := mustNew(b, Config{DedupeHorizon: max(live, 1), DisableDedupe: live == 0})
+				dst := make([]Event, 0, 16)
+				i := 0
+				offer := func() {
+					ev := Event{Offset: int64(i), EventTime: int64(i), EventID: benchIDs[i&benchMask], EntityID: "card", Amount: 1, Size: 200}
+					if now {
+						if v, ok := s.OfferNow(&ev); v != Accepted || !ok {
+							b.Fatalf("event %d: %v, now %v", i, v, ok)
+						}
+					} else {
+						if v := s.Offer(ev); v != Accepted {
+							b.Fatalf("event %d: %v", i, v)
+						}
+						if dst = s.Ready(dst[:0]); len(dst) != 1 {
+							b.Fatalf("event %d: released %d", i, len(dst))
+						}
+						clear(dst) // as the pipeline does, to let the strings go
+					}
+					i++
+				}
+				for range 200_000 { // reach the steady-state dedupe set
+					offer()
+				}
+				b.ReportAllocs()
+				cpu0 := cpuclock.Nanos()
+				for b.Loop() {
+					offer()
+				}
+				b.ReportMetric(float64(cpuclock.Nanos()-cpu0)/float64(b.N), "cpu-ns/op")
+			})
+		}
 	}
 }
 

@@ -275,6 +275,39 @@ func (s *Stage) updatePressure() {
 // Duplicate and Late events change nothing, except that any Offer counts as activity for
 // the idle timeout: the partition did deliver something.
 func (s *Stage) Offer(ev Event) Verdict {
+	v := s.admit(&ev)
+	if v == Accepted {
+		s.enqueue(&ev)
+	}
+	return v
+}
+
+// OfferNow is Offer for a caller that counts released events as it gets them. When
+// ev is accepted, nothing is pending and ev is at or below the watermark (so every
+// in-order event without allowed lateness), the Ready that would follow would
+// return exactly ev: OfferNow then leaves it out of the buffer and returns now =
+// true, and the caller takes ev as released. Otherwise it is Offer (now = false:
+// accepted events wait for Ready). Either way the Stage ends in the same state as
+// after Offer and Ready, so outputs and snapshots do not depend on which is used;
+// it saves copying the event into the buffer and out again.
+func (s *Stage) OfferNow(ev *Event) (v Verdict, now bool) {
+	if v = s.admit(ev); v != Accepted {
+		return v, false
+	}
+	if s.run.n == 0 && len(s.heap) == 0 && ev.EventTime <= satSub(s.maxSeen, s.lateness) {
+		// As enqueue, so that arrival numbers stay those of Offer. Pressure is left
+		// as it is: the last call of updatePressure (release's, Restore's) already
+		// saw the buffer empty, which is what release would show it again.
+		s.seq++
+		return Accepted, true
+	}
+	s.enqueue(ev)
+	return Accepted, false
+}
+
+// admit is Offer without the buffering: the dedupe and lateness decisions, the id
+// remembered and maxSeen moved for an accepted event.
+func (s *Stage) admit(ev *Event) Verdict {
 	if s.idleTimeout > 0 {
 		s.lastOffer = s.current()
 	}
@@ -314,7 +347,6 @@ func (s *Stage) Offer(ev Event) Verdict {
 			s.expire()
 		}
 	}
-	s.enqueue(&ev)
 	return Accepted
 }
 
