@@ -39,6 +39,25 @@ groups:
       - {name: entities, agg: distinct_count, field: entity_id, windows: [1m], max_exact: 4}
 `
 
+// compileGroups compiles groupsDefinition: its decoder, and its groups' specs
+// (the in-place one first).
+func compileGroups(t *testing.T) (*definition.Compiled, []definition.GroupSpec) {
+	t.Helper()
+	d, err := definition.Parse("groups.yaml", []byte(groupsDefinition))
+	if err != nil {
+		t.Fatal(err)
+	}
+	comp, err := definition.Compile(d, "", codec.DefaultLimits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	specs, err := definition.EngineSpecs(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return comp, specs
+}
+
 // TestRekeyedGroupThroughTheService runs a first-stage service and a second-stage
 // service over a real group protocol (kfake), with idle release on, and the input
 // produced then left quiet: the group's topic ends up with one row per accepted
@@ -56,18 +75,7 @@ func testRekeyedGroup(t *testing.T, eos bool) {
 	brokers := newCluster(t, partitions)
 	st := streamtest.Generate(inTopic, 5, 2000, partitions)
 	produce(t, brokers, st.Records)
-	d, err := definition.Parse("groups.yaml", []byte(groupsDefinition))
-	if err != nil {
-		t.Fatal(err)
-	}
-	comp, err := definition.Compile(d, "", codec.DefaultLimits())
-	if err != nil {
-		t.Fatal(err)
-	}
-	specs, err := definition.EngineSpecs(d)
-	if err != nil {
-		t.Fatal(err)
-	}
+	comp, specs := compileGroups(t)
 	repTopic, groupOut := "__velocity-repartition-g-cur", "features.cur"
 	hops := []pipeline.HopGroup{{Name: "cur", Topic: repTopic, Words: specs[1].Spec.Words()}}
 	store := checkpoint.NewMemoryStore()
@@ -87,6 +95,7 @@ func testRekeyedGroup(t *testing.T, eos bool) {
 	want := map[streamtest.Source][]byte{}
 	var firsts [partitions]*pipeline.Processor
 	var seconds [partitions]*pipeline.Processor
+	var err error
 	for p := range int32(partitions) {
 		if firsts[p], err = pipeline.New(pipeline.Config{Topic: inTopic, Partition: p, Specs: first.Specs, Watermark: watermark.Config{AllowedLateness: 500},
 			Decoder: comp.Decoder(), Features: specs[0].Spec, Hops: &pipeline.HopConfig{Groups: hops, Partitions: partitions}}, 0); err != nil {
@@ -191,18 +200,7 @@ func testRekeyedGroup(t *testing.T, eos bool) {
 func TestExactlyOnceFirstStageCommitsIdleChangesAtOnce(t *testing.T) {
 	const partitions = 2
 	brokers := newCluster(t, partitions)
-	d, err := definition.Parse("groups.yaml", []byte(groupsDefinition))
-	if err != nil {
-		t.Fatal(err)
-	}
-	comp, err := definition.Compile(d, "", codec.DefaultLimits())
-	if err != nil {
-		t.Fatal(err)
-	}
-	specs, err := definition.EngineSpecs(d)
-	if err != nil {
-		t.Fatal(err)
-	}
+	comp, specs := compileGroups(t)
 	repTopic := "__velocity-repartition-g-cur"
 	first := testConfig(t, brokers, checkpoint.NewMemoryStore())
 	first.Specs, first.Features, first.Decoder = slices.Clone(specs[0].Spec.Windows), specs[0].Spec, comp.Decoder()
