@@ -11,11 +11,13 @@ import (
 	"regexp"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/velocity-consumer/velocity-consumer/internal/retry"
 )
@@ -55,10 +57,11 @@ type KafkaStore struct {
 
 	// The manifest partition's tail (refresh): one reader for the store's
 	// life, the offset of the next record it applies, and every key's state.
-	tailMu     sync.Mutex
-	tail       *kgo.Client
-	tailNext   int64
-	tailStates map[string]*manifestState
+	tailMu      sync.Mutex
+	tail        *kgo.Client
+	tailAnswers fetchAnswers // tail's Fetch responses
+	tailNext    int64
+	tailStates  map[string]*manifestState
 
 	closeOnce sync.Once
 }
@@ -112,6 +115,22 @@ var idlePoll = 10 * time.Second // a variable for tests
 // silentPolls is how many empty polls in a row, with the broker answering
 // other requests, a scan takes for the end of a compacted range.
 const silentPolls = 3
+
+// fetchAnswers counts the Fetch responses a loader's client has read (a
+// kgo.HookBrokerRead). A silence is taken for the end of a compacted range
+// only once at least two came back since the last records: a client sends a
+// partition's next fetch only after the records of the previous one were
+// taken, so the second answer shows that the first brought nothing. Polls
+// that time out while the broker holds its answer back (a stalled fetch) then
+// never count: counted by time alone, such a stall, outlasting silentPolls
+// polls on a loaded machine, was taken for the end and a snapshot for missing.
+type fetchAnswers struct{ n atomic.Int64 }
+
+func (f *fetchAnswers) OnBrokerRead(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+	if key == int16(kmsg.Fetch) && err == nil {
+		f.n.Add(1)
+	}
+}
 
 // NewKafkaStore connects, creates the topic if it does not exist (compacted,
 // the broker's default replication factor) and reads its partition count and
@@ -571,6 +590,7 @@ func (s *KafkaStore) tailTo(ctx context.Context, end int64) error {
 	}
 	if s.tail == nil {
 		cl, err := kgo.NewClient(append(append([]kgo.Opt(nil), s.readOpts...),
+			kgo.WithHooks(&s.tailAnswers),
 			kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{s.topic: {manifestPartition: kgo.NewOffset().AtStart()}}),
 			kgo.FetchMaxBytes(64<<20),
 			kgo.FetchMaxPartitionBytes(64<<20),
@@ -581,7 +601,7 @@ func (s *KafkaStore) tailTo(ctx context.Context, end int64) error {
 		}
 		s.tail = cl
 	}
-	silent, answered := 0, false
+	silent, answered, since := 0, false, s.tailAnswers.n.Load()
 	for s.tailNext < end {
 		pctx, cancel := context.WithTimeout(ctx, idlePoll)
 		fs := s.tail.PollFetches(pctx)
@@ -605,13 +625,13 @@ func (s *KafkaStore) tailTo(ctx context.Context, end int64) error {
 			if _, err := s.adm.ListEndOffsets(ctx, s.topic); err == nil {
 				answered = true
 			}
-			if silent++; silent >= silentPolls && answered {
+			if silent++; silent >= silentPolls && answered && s.tailAnswers.n.Load()-since >= 2 {
 				s.tailNext = end
 				return nil
 			}
 			continue
 		}
-		silent, answered = 0, false
+		silent, answered, since = 0, false, s.tailAnswers.n.Load()
 		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
 			for _, r := range fp.Records {
 				if r.Offset < s.tailNext {
@@ -671,7 +691,9 @@ func (s *KafkaStore) scan(ctx context.Context, p int32, from int64, fn func(*kgo
 	if from >= end.Offset {
 		return nil
 	}
+	var answers fetchAnswers
 	cl, err := kgo.NewClient(append(append([]kgo.Opt(nil), s.readOpts...),
+		kgo.WithHooks(&answers),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{s.topic: {p: kgo.NewOffset().At(from)}}),
 		kgo.FetchMaxBytes(64<<20),
 		kgo.FetchMaxPartitionBytes(64<<20),
@@ -681,9 +703,9 @@ func (s *KafkaStore) scan(ctx context.Context, p int32, from int64, fn func(*kgo
 		return err
 	}
 	defer cl.Close()
-	// Since the last record: polls that stayed empty, and whether the broker
-	// answered another request meanwhile.
-	silent, answered := 0, false
+	// Since the last record: polls that stayed empty, whether the broker
+	// answered another request meanwhile, and the fetch answers before it.
+	silent, answered, since := 0, false, answers.n.Load()
 	for {
 		// A poll that stays empty means compaction removed everything left
 		// before the end offset, or a broker that does not answer (a stall,
@@ -713,12 +735,12 @@ func (s *KafkaStore) scan(ctx context.Context, p int32, from int64, fn func(*kgo
 			if _, err := s.adm.ListEndOffsets(ctx, s.topic); err == nil {
 				answered = true
 			}
-			if silent++; silent >= silentPolls && answered {
+			if silent++; silent >= silentPolls && answered && answers.n.Load()-since >= 2 {
 				return nil
 			}
 			continue
 		}
-		silent, answered = 0, false
+		silent, answered, since = 0, false, answers.n.Load()
 		done := false
 		fs.EachRecord(func(r *kgo.Record) {
 			if done {
