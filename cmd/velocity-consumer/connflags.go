@@ -36,7 +36,7 @@ type connFlags struct {
 	registryURL, registryUser, registryPwdFile string
 	subjectStrategy                            string
 
-	compression string
+	compression, hopCompression string
 }
 
 func (c *connFlags) register(e *envFlags) {
@@ -53,6 +53,7 @@ func (c *connFlags) register(e *envFlags) {
 	e.String(&c.registryUser, "schema-registry-username", "", "schema registry basic-auth user")
 	e.String(&c.registryPwdFile, "schema-registry-password-file", "", "file holding the schema registry password (or set "+envRegistryPassword+")")
 	e.String(&c.compression, "compression", "lz4", "compression of the batches this process produces: lz4, zstd, snappy, gzip or none (none saves CPU when the broker is on the same host)")
+	e.String(&c.hopCompression, "hop-compression", "none", "compression of the batches of hop records a re-keyed group's first stage produces (docs/repartition.md): the\nsame choices; none by default, as they are read back by this deployment only and compressing them cost a fifth of the CPU")
 	e.String(&c.subjectStrategy, "schema-subject-strategy", registry.StrategyTopic, "subject of the output schema: topic (<output-topic>-value), record (io.velocity.v1.VelocityFeatures) or topic-record (<output-topic>-io.velocity.v1.VelocityFeatures)")
 }
 
@@ -79,8 +80,8 @@ func (c *connFlags) kafka() (kafkaconn.Config, error) {
 	if _, err := k.Options(); err != nil {
 		return kafkaconn.Config{}, err
 	}
-	if _, err := sink.Compression(c.compression); err != nil {
-		return kafkaconn.Config{}, fmt.Errorf("--compression (VELOCITY_COMPRESSION): %w", err)
+	if _, err := c.compressor(); err != nil {
+		return kafkaconn.Config{}, err
 	}
 	return k, nil
 }
@@ -92,11 +93,23 @@ func (c *connFlags) options(k kafkaconn.Config) ([]kgo.Opt, error) {
 	if err != nil {
 		return nil, err
 	}
-	comp, err := sink.Compression(c.compression)
+	comp, err := c.compressor()
 	if err != nil {
-		return nil, fmt.Errorf("--compression (VELOCITY_COMPRESSION): %w", err)
+		return nil, err
 	}
 	return append(opts, comp), nil
+}
+
+// compressor is the producers' compression option: --compression for features
+// and dead letters, --hop-compression for hop records.
+func (c *connFlags) compressor() (kgo.Opt, error) {
+	if _, err := sink.Compression(c.compression); err != nil {
+		return nil, fmt.Errorf("--compression (VELOCITY_COMPRESSION): %w", err)
+	}
+	if _, err := sink.Compression(c.hopCompression); err != nil {
+		return nil, fmt.Errorf("--hop-compression (VELOCITY_HOP_COMPRESSION): %w", err)
+	}
+	return sink.Compressor(c.compression, c.hopCompression)
 }
 
 // validate checks the connection flags without logging anything, for a

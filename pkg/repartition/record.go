@@ -220,7 +220,8 @@ func appendString(dst []byte, s string) []byte {
 
 // Decoder decodes hop record values. It keeps the last topic name it decoded so that
 // the topic, the same in nearly every record, costs no allocation: a decoded event
-// allocates its key and event id strings only (and Ext when r.Ext has no room).
+// allocates one string that its key and event id share (and Ext when r.Ext has no
+// room).
 // The zero value is ready; not safe for concurrent use.
 type Decoder struct {
 	topic string
@@ -277,18 +278,21 @@ func (d *Decoder) Decode(b []byte, r *Record) error {
 			r.Topic = d.topic
 		}
 		key := rd.bytes(MaxKeyBytes, ErrKey)
-		if rd.err == nil {
-			if len(key) == 0 || !utf8.Valid(key) {
-				return &DecodeError{ErrKey, rd.i}
-			}
-			r.Key = string(key)
+		if rd.err == nil && (len(key) == 0 || !utf8.Valid(key)) {
+			return &DecodeError{ErrKey, rd.i}
 		}
+		keyAt := rd.i - len(key)
 		id := rd.bytes(MaxEventIDBytes, ErrEventID)
 		if rd.err == nil {
 			if len(id) == 0 || !utf8.Valid(id) {
 				return &DecodeError{ErrEventID, rd.i}
 			}
-			r.EventID = string(id)
+			// One allocation for both strings: the key's bytes, the event id's
+			// length and the event id lie next to each other, and the two live
+			// as long as each other (the Merger holds the event until it is
+			// released; the window table copies a key it keeps).
+			both := string(b[keyAt:rd.i])
+			r.Key, r.EventID = both[:len(key)], both[len(both)-len(id):]
 		}
 		n := rd.uvarint()
 		if rd.err == nil && n > MaxExtWords {

@@ -237,34 +237,10 @@ func ProducerOpts() []kgo.Opt {
 		kgo.RecordPartitioner(Partitioner()),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.ProducerLinger(2 * time.Millisecond),
-		kgo.ProducerBatchCompression(kgo.Lz4Compression(), kgo.NoCompression()),
+		defaultCompression,
 		kgo.RecordDeliveryTimeout(2 * time.Minute),
 		kgo.MaxBufferedBytes(64 << 20),
 	}
-}
-
-// Compression returns the producer option for a batch compression codec by name:
-// lz4 (the default: cheap, and Kafka's usual choice), zstd (smaller, more CPU),
-// snappy, gzip, or none (for a broker on the same host, where compressing only costs
-// CPU: on this project's 2-core benchmark machine LZ4 was a fifth of our CPU).
-func Compression(name string) (kgo.Opt, error) {
-	var c kgo.CompressionCodec
-	switch name {
-	case "lz4":
-		c = kgo.Lz4Compression()
-	case "zstd":
-		c = kgo.ZstdCompression()
-	case "snappy":
-		c = kgo.SnappyCompression()
-	case "gzip":
-		c = kgo.GzipCompression()
-	case "none":
-		return kgo.ProducerBatchCompression(kgo.NoCompression()), nil
-	default:
-		return nil, fmt.Errorf("unknown compression %q: want lz4, zstd, snappy, gzip or none", name)
-	}
-	// The fallback matters only for brokers too old for the codec.
-	return kgo.ProducerBatchCompression(c, kgo.NoCompression()), nil
 }
 
 // Header names on features records. Dead-letter headers are in pkg/codec.
