@@ -305,3 +305,53 @@ func TestManifestStateIgnoresOlderOwners(t *testing.T) {
 		}
 	}
 }
+
+// TestKafkaStoreReadsToAnEndItCannotSee: the manifest partition ends with an
+// offset no reader receives (here a transaction's commit marker, as compaction
+// can leave a gap before the end offset), so neither a last record nor the
+// high watermark says the end was reached, and only the silence rule ends the
+// read: after silentPolls empty polls, with the broker answering and two empty
+// fetch answers read. Load must still find the snapshot, and soon.
+func TestKafkaStoreReadsToAnEndItCannotSee(t *testing.T) {
+	defer func(d time.Duration) { idlePoll = d }(idlePoll)
+	idlePoll = 200 * time.Millisecond
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := openFake(t, c.ListenAddrs(), 64)
+	key := Key{Group: "g", Topic: "t", Partition: 2}
+	want := Snapshot{Next: 7, State: []byte("state")}
+	mustSave(t, s, key, want)
+	s.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	txn, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.TransactionalID("end-marker"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer txn.Close()
+	if err := txn.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := txn.ProduceSync(ctx, &kgo.Record{Topic: s.Topic(), Partition: manifestPartition, Key: []byte("not-a-manifest"), Value: []byte("x")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if err := txn.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+
+	fresh := openFake(t, c.ListenAddrs(), 64)
+	start := time.Now()
+	lctx, lcancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer lcancel()
+	got, err := fresh.Load(lctx, key)
+	if err != nil {
+		t.Fatalf("Load after %v: %v", time.Since(start), err)
+	}
+	if got.Next != want.Next || !bytes.Equal(got.State, want.State) {
+		t.Fatalf("loaded next %d %q, want %d %q", got.Next, got.State, want.Next, want.State)
+	}
+}
