@@ -238,7 +238,7 @@ type Service struct {
 	// partition or, if the group still gives it to us, reacquireLost restarts it.
 	txnLost map[int32]time.Time
 	// fenced holds, under exactly-once, the transactional producers that
-	// fencedOnAssign initialised for partitions just assigned, until acquire
+	// fenceOnAssign initialised for partitions just assigned, until acquire
 	// takes them (or a revoke, a loss or the end of Run closes them).
 	fenced map[int32]*kgo.Client
 	// ownerCheck is when reacquireLost last asked the coordinator (poll loop only).
