@@ -33,7 +33,7 @@ var specificStages = []stageRule{
 	{"metrics", []string{"prometheus"}},
 	{"checkpoint", []string{"/pkg/checkpoint.", "PendingSnapshot", "Snapshot", "service.(*worker).persist",
 		"service.(*worker).advanceSweep", "service.(*worker).settle", "service.(*worker).cut", "service.(*Service).acquire"}},
-	{"encode", []string{"/pkg/codec.AppendFeatures", "/pkg/codec.append"}},
+	{"encode", []string{"/pkg/codec.AppendFeatures", "/pkg/codec.append", "/pkg/codec.(*FeaturesEncoder)", "/pkg/codec.put"}},
 	{"decode", []string{"/pkg/codec."}},
 	{"dedupe", []string{"watermark.(*idShard)", "watermark.(*idSet)", "watermark.(*Stage).PrefetchID", "watermark.(*Stage).dedupe"}},
 	{"reorder", []string{"/pkg/watermark."}},

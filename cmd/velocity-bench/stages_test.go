@@ -35,6 +35,8 @@ func TestStageOf(t *testing.T) {
 			fr(vc+"/pkg/codec.decodeTransaction")), "GC"},
 		{"encode before decode: both are in pkg/codec", stack(fr(vc+"/pkg/codec.appendLong", vc+"/pkg/codec.AppendFeatures"),
 			fr(vc+"/pkg/pipeline.(*Processor).emitReleased")), "encode"},
+		{"the encoder's inlined writers are encode", stack(fr(vc+"/pkg/codec.putLong", vc+"/pkg/codec.(*FeaturesEncoder).Append"),
+			fr(vc+"/pkg/pipeline.(*Processor).apply")), "encode"},
 		{"dedupe inside the watermark stage", stack(fr(vc+"/pkg/watermark.(*idShard).grow"), fr(vc+"/pkg/watermark.(*Stage).Offer")), "dedupe"},
 		{"the rest of the watermark stage is the reorder buffer", stack(fr(vc+"/pkg/watermark.(*Stage).enqueue"), fr(vc+"/pkg/watermark.(*Stage).Offer")), "reorder"},
 		{"a snapshot of the window table is the checkpoint's", stack(fr(vc+"/pkg/window.(*PendingSnapshot).take"), fr(vc+"/pkg/service.(*worker).advanceSweep")), "checkpoint"},
