@@ -481,3 +481,27 @@ func TestServiceExactlyOnceTakesOverAPendingOffsetCommit(t *testing.T) {
 	}
 	t.Logf("every output read_committed %v after the start", time.Since(start).Round(time.Millisecond))
 }
+
+// TestServiceExactlyOnceNamesTheIntervalWhenTheTimeoutIsRefused: the
+// transaction timeout is 3 × --checkpoint-interval, and brokers refuse one
+// above transaction.max.timeout.ms (15 min by default). The service stops, and
+// the error says which flag to change, not only the broker's code.
+func TestServiceExactlyOnceNamesTheIntervalWhenTheTimeoutIsRefused(t *testing.T) {
+	brokers := newCluster(t, 1)
+	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
+	cfg.ExactlyOnce, cfg.CheckpointInterval = true, 6*time.Minute
+	produce(t, brokers, streamtest.Generate(inTopic, 3, 5, 1).Records)
+	svc, err := New(cfg, zaptest.NewLogger(t), metrics.New(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	err = svc.Run(ctx)
+	if err == nil || ctx.Err() != nil {
+		t.Fatalf("Run = %v after %v, want it to stop on its own", err, ctx.Err())
+	}
+	if !errors.Is(err, kerr.InvalidTransactionTimeout) || !strings.Contains(err.Error(), "--checkpoint-interval") {
+		t.Fatalf("Run = %v, want INVALID_TRANSACTION_TIMEOUT with the flag to change", err)
+	}
+}

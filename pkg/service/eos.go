@@ -84,6 +84,10 @@ func (s *Service) newTxnProducer(ctx context.Context, p int32) (*kgo.Client, err
 	defer cancel()
 	if _, _, err := cl.ProducerID(ictx); err != nil {
 		cl.Close()
+		if errors.Is(err, kerr.InvalidTransactionTimeout) {
+			return nil, fmt.Errorf("partition %d: initialise transactional id %s: %w: --exactly-once asks for a transaction timeout of 3 × --checkpoint-interval (at least a minute), %s here, and the brokers allow less (transaction.max.timeout.ms, 15 min by default): lower --checkpoint-interval or raise that limit",
+				p, s.transactionalID(p), err, timeout)
+		}
 		return nil, fmt.Errorf("partition %d: initialise transactional id %s: %w", p, s.transactionalID(p), err)
 	}
 	if err := cl.BeginTransaction(); err != nil {
