@@ -280,6 +280,49 @@ func TestServiceExactlyOnceRetriesTransientTxnErrors(t *testing.T) {
 	}
 }
 
+// TestServiceExactlyOnceRetriesConcurrentTransactions: while the coordinator
+// completes a transaction it is ending (its timeout ran out during a broker
+// restart and freeze: it aborts it), AddOffsetsToTxn answers
+// CONCURRENT_TRANSACTIONS, which franz-go's error table does not mark
+// retriable. The instance stopped on it ("add offsets to transaction:
+// CONCURRENT_TRANSACTIONS", found by TestServiceRidesOutBrokerFaults on a
+// loaded machine); it retries, and then commits or, once the abort is done, finds
+// the transaction lost and takes the partition over again.
+func TestServiceExactlyOnceRetriesConcurrentTransactions(t *testing.T) {
+	var busy atomic.Int32
+	runWithTxnFaults(t, 12, func(c *kfake.Cluster) {
+		c.ControlKey(int16(kmsg.AddOffsetsToTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
+			if busy.Add(1) > 3 {
+				return nil, nil, false
+			}
+			c.KeepControl()
+			resp := req.(*kmsg.AddOffsetsToTxnRequest).ResponseKind().(*kmsg.AddOffsetsToTxnResponse)
+			resp.ErrorCode = kerr.ConcurrentTransactions.Code
+			return resp, nil, true
+		})
+	})
+	if busy.Load() < 4 {
+		t.Fatalf("only %d AddOffsetsToTxn requests: the fault was not injected", busy.Load())
+	}
+	// The same answer to the commit itself: franz-go's EndTransaction retries
+	// it (this holds it to that).
+	var ending atomic.Int32
+	runWithTxnFaults(t, 13, func(c *kfake.Cluster) {
+		c.ControlKey(int16(kmsg.EndTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
+			if ending.Add(1) > 2 {
+				return nil, nil, false
+			}
+			c.KeepControl()
+			resp := req.(*kmsg.EndTxnRequest).ResponseKind().(*kmsg.EndTxnResponse)
+			resp.ErrorCode = kerr.ConcurrentTransactions.Code
+			return resp, nil, true
+		})
+	})
+	if ending.Load() < 3 {
+		t.Fatalf("only %d EndTxn requests: the fault was not injected", ending.Load())
+	}
+}
+
 // TestServiceExactlyOnceCommitOutcomeUnknown: the connection drops on the
 // transaction's commit (EndTxn), so whether it was committed is unknown. The
 // partition is dropped and taken over again (the takeover fences the

@@ -150,7 +150,17 @@ func (s *Service) refreshInputTopicID(ctx context.Context) error {
 // broker restart (TestServiceRidesOutBrokerFaults found it). Fencing and an
 // aborted transaction are not retriable: they end here and reach lost.
 func retryTxnRequest(ctx context.Context, do func() error) error {
-	return retry.Do(ctx, 2*time.Second, mayPass, do)
+	return retry.Do(ctx, 2*time.Second, txnMayPass, do)
+}
+
+// txnMayPass is mayPass, and CONCURRENT_TRANSACTIONS: the coordinator is still
+// completing an earlier end of this transaction (an abort on its timeout after
+// a broker restart, or a commit whose answer was lost). franz-go's error table
+// does not mark it retriable, but it passes once that end is written: then the
+// request succeeds, or fails with the fencing error that lost turns into a
+// takeover. An instance stopped on it.
+func txnMayPass(err error) bool {
+	return mayPass(err) || errors.Is(err, kerr.ConcurrentTransactions)
 }
 
 // mayPass reports whether an error from a broker may pass with time, so that
