@@ -24,8 +24,8 @@ func Compression(name string) (kgo.Opt, error) { return Compressor(name, "none")
 //
 // Hop records are the service's own traffic: produced by a first stage and fetched
 // back by a second stage of the same deployment, never read by anyone else. With
-// LZ4 on both sides, compressing them and decompressing them again was about a fifth
-// of the CPU of a run with re-keyed groups (BENCHMARKS.md, "Re-keyed groups"), so
+// LZ4 on both sides, compressing them and decompressing them again was 14-18 % of the
+// CPU of a run with 2 or 3 groups (BENCHMARKS.md, "Re-keyed groups"), so
 // "none" is the service's default for them; a deployment whose brokers are far
 // enough away for the bytes to matter can compress them too.
 //
