@@ -220,19 +220,28 @@ func FuzzDecodeManifest(f *testing.F) {
 	})
 }
 
+// fakeWithShortPolls is a one-broker kfake cluster, with idlePoll at 200 ms
+// for the test, so that silences are quick to reach.
+func fakeWithShortPolls(t *testing.T) *kfake.Cluster {
+	t.Helper()
+	d := idlePoll
+	idlePoll = 200 * time.Millisecond
+	t.Cleanup(func() { idlePoll = d })
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
 // TestKafkaStoreLoadThroughAStall: the broker stalls fetches for longer than
 // idlePoll while a snapshot is loaded (a GC pause, a frozen or restarting
 // broker). The silence must not be taken for the end of a compacted range:
 // that made a sound snapshot look corrupt ("chunk 0 of 1 missing"), and the
 // service stopped on it.
 func TestKafkaStoreLoadThroughAStall(t *testing.T) {
-	defer func(d time.Duration) { idlePoll = d }(idlePoll)
-	idlePoll = 200 * time.Millisecond
-	c, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := fakeWithShortPolls(t)
 	s := openFake(t, c.ListenAddrs(), 64)
 	key := Key{Group: "g", Topic: "t", Partition: 1}
 	want := Snapshot{Next: 42, State: bytes.Repeat([]byte("state "), 50)}
@@ -313,13 +322,7 @@ func TestManifestStateIgnoresOlderOwners(t *testing.T) {
 // read: after silentPolls empty polls, with the broker answering and two empty
 // fetch answers read. Load must still find the snapshot, and soon.
 func TestKafkaStoreReadsToAnEndItCannotSee(t *testing.T) {
-	defer func(d time.Duration) { idlePoll = d }(idlePoll)
-	idlePoll = 200 * time.Millisecond
-	c, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := fakeWithShortPolls(t)
 	s := openFake(t, c.ListenAddrs(), 64)
 	key := Key{Group: "g", Topic: "t", Partition: 2}
 	want := Snapshot{Next: 7, State: []byte("state")}

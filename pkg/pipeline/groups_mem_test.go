@@ -153,23 +153,7 @@ func TestMemoryPerEntityGroups(t *testing.T) {
 						})
 						*off++
 					}
-					var next [benchSources]int
-					for left := c.events; left > 0; {
-						for src := range first {
-							for range 64 {
-								i := next[src]
-								if i == len(parts[src]) {
-									break
-								}
-								first[src].Process(Record{Topic: "payments", Partition: int32(src), Offset: int64(i), Value: parts[src][i]}, hop)
-								next[src]++
-								left--
-								if i%1024 == 1023 {
-									first[src].HopMarkers(false, hop)
-								}
-							}
-						}
-					}
+					feedInterleaved(&first, &parts, c.events, hop)
 					for _, p := range first {
 						p.Flush(hop)
 						p.EndOfInput(hop)

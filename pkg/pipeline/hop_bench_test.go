@@ -27,6 +27,29 @@ const (
 // input partitions (by the card's murmur2, as a keyed producer places them): 100 000
 // cards, 30 000 devices of which a few are shared by many cards, 50 000 IPs and a hot
 // one, device and IP null now and then, event times in order with a second's jitter.
+// feedInterleaved processes n records of parts in the first stages, the
+// partitions taking turns in slices of 64 records, as fetches of several
+// partitions interleave in a live process, each sending its watermark every 1024.
+func feedInterleaved(first *[benchSources]*Processor, parts *[benchSources][][]byte, n int, hop func(*Output)) {
+	var next [benchSources]int
+	for left := n; left > 0; {
+		for src := range first {
+			for range 64 {
+				i := next[src]
+				if i == len(parts[src]) {
+					break
+				}
+				first[src].Process(Record{Topic: "payments", Partition: int32(src), Offset: int64(i), Value: parts[src][i]}, hop)
+				next[src]++
+				left--
+				if i%1024 == 1023 {
+					first[src].HopMarkers(false, hop)
+				}
+			}
+		}
+	}
+}
+
 func paymentBenchStream(b *testing.B, n int) (parts [benchSources][][]byte) {
 	b.Helper()
 	schema, err := os.ReadFile(benchGroupsSchema)
@@ -142,25 +165,7 @@ func BenchmarkGroups(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			cpu0 := cpuclock.Nanos()
-			// The partitions take turns in slices of 64 records, as fetches of
-			// several partitions interleave in a live process.
-			var next [benchSources]int
-			for left := b.N; left > 0; {
-				for src := range first {
-					for range 64 {
-						i := next[src]
-						if i == len(parts[src]) {
-							break
-						}
-						first[src].Process(Record{Topic: "payments", Partition: int32(src), Offset: int64(i), Value: parts[src][i]}, hop)
-						next[src]++
-						left--
-						if i%1024 == 1023 {
-							first[src].HopMarkers(false, hop)
-						}
-					}
-				}
-			}
+			feedInterleaved(&first, &parts, b.N, hop)
 			b.ReportMetric(float64(cpuclock.Nanos()-cpu0)/float64(b.N), "cpu-ns/op")
 		})
 	}
