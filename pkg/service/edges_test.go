@@ -339,6 +339,63 @@ func TestServiceExactlyOnceCommitOutcomeUnknown(t *testing.T) {
 	}
 }
 
+// TestServiceExactlyOnceReacquireRidesOutABrokerRestart: a broker restarting
+// drops the connection on a transaction's commit (EndTxn), so its outcome is
+// unknown and the partition is dropped, to be taken over in place
+// (reacquireLost) once the group says it is still ours. The broker is not back
+// by then: the takeover's first attempts to initialise the transactional id
+// fail on dropped connections too. The service stopped on the first of them
+// ("reacquire after a lost transaction"), where a takeover on assignment
+// (acquireRetrying) rides them out; it now retries too, and read_committed
+// sees exactly one output per offset.
+func TestServiceExactlyOnceReacquireRidesOutABrokerRestart(t *testing.T) {
+	const partitions, initDrops = 2, 6
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, inTopic, outTopic, dlqTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	// The commits fail until the service counts a lost transaction; from then
+	// on the next initDrops producer initialisations do.
+	var svcP atomic.Pointer[Service]
+	var inits atomic.Int32
+	lost := func() bool { s := svcP.Load(); return s != nil && testutil.ToFloat64(s.m.TxnPartitionsLost) > 0 }
+	c.ControlKey(int16(kmsg.EndTxn), func(kmsg.Request) (kmsg.Response, error, bool) {
+		if lost() {
+			return nil, nil, false
+		}
+		c.KeepControl()
+		return nil, errors.New("connection dropped by the test"), true
+	})
+	c.ControlKey(int16(kmsg.InitProducerID), func(kmsg.Request) (kmsg.Response, error, bool) {
+		if !lost() || inits.Add(1) > initDrops {
+			return nil, nil, false
+		}
+		c.KeepControl()
+		return nil, errors.New("connection dropped by the test"), true
+	})
+	brokers := c.ListenAddrs()
+	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
+	cfg.ExactlyOnce = true
+	cfg.ClientOpts = []kgo.Opt{kgo.RequestRetries(1), kgo.RetryBackoffFn(func(int) time.Duration { return 5 * time.Millisecond })}
+	svc, _ := startService(t, cfg)
+	svcP.Store(svc)
+	st := streamtest.Generate(inTopic, 14, 2000, partitions)
+	produce(t, brokers, st.Records[:1000])
+	waitFor(t, "a lost transaction taken over again, or the service to stop", 60*time.Second, func() bool {
+		return svc.Healthy() != nil || inits.Load() > initDrops && svc.Assigned() == partitions
+	})
+	if err := svc.Healthy(); err != nil {
+		t.Fatalf("stopped: %v", err)
+	}
+	produce(t, brokers, st.Records[1000:])
+	got := readOutputs(t, brokers, len(st.Records), 60*time.Second)
+	streamtest.Check(t, st, cfg.Specs, got, true)
+	if err := svc.Healthy(); err != nil {
+		t.Fatalf("stopped: %v", err)
+	}
+}
+
 // TestMayPass: the service retries what internal/retry deems transient (tested
 // there, with the dial, coordinator, EOF and authorization cases) and a warm-up
 // read that stalled; nothing else.

@@ -31,7 +31,9 @@ package service
 //
 // Per checkpoint interval, on the worker goroutine, whenever the partition's
 // state changed (records processed, or events released by the idle timeout
-// after the input went quiet: the offset need not have moved):
+// after the input went quiet: the offset need not have moved), whether or not
+// anything was published (a second stage that read only markers commits a
+// transaction holding the offset commit alone: endOffsetsOnlyTxn):
 //
 //	flush (all outputs of offsets < next are in the open transaction)
 //	→ save the snapshot {Next: next, ID: (epoch, seq)} durably
@@ -56,6 +58,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
 
 	"github.com/velocity-consumer/velocity-consumer/internal/retry"
 	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
@@ -175,7 +178,10 @@ func mayPass(err error) bool {
 // broker's timeout or the next owner's fencing): the caller must not go on
 // with this producer (it stops, or drops the partition when the transaction
 // was lost: worker.txnLost).
-func (w *worker) commitTxn(ctx context.Context, next int64, note checkpoint.CommitNote) error {
+//
+// offsetsOnly says that nothing was produced in the transaction: it then holds
+// the offset commit alone, which franz-go does not end (endOffsetsOnlyTxn).
+func (w *worker) commitTxn(ctx context.Context, next int64, note checkpoint.CommitNote, offsetsOnly bool) error {
 	cl := w.txn
 	id, epoch, err := cl.ProducerID(ctx)
 	if err != nil {
@@ -226,22 +232,82 @@ func (w *worker) commitTxn(ctx context.Context, next int64, note checkpoint.Comm
 	if err != nil {
 		return fmt.Errorf("commit offset %d in transaction: %w", next, err)
 	}
+	if offsetsOnly {
+		return w.endOffsetsOnlyTxn(ctx, id, epoch)
+	}
 	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
-		var answer *kerr.Error
-		if !errors.As(err, &answer) || kerr.IsRetriable(err) || errors.Is(err, kerr.UnknownServerError) {
-			// No definite answer: the connection dropped (a broker
-			// restarting) after the commit may or may not have been
-			// applied. franz-go refuses to retry a commit; the partition's
-			// next acquire fences the transactional id, which settles it
-			// either way, and then reads the committed offset and restores
-			// the snapshot that matches it.
-			return fmt.Errorf("commit transaction: %w: %w", errTxnOutcomeUnknown, err)
+		return endTxnError(err)
+	}
+	return cl.BeginTransaction()
+}
+
+// endTxnError wraps a failed commit of the transaction. With no definite
+// answer (the connection dropped, as when a broker restarts, after the commit
+// may or may not have been applied) it is errTxnOutcomeUnknown: franz-go
+// refuses to retry a commit; the partition's next acquire fences the
+// transactional id, which settles it either way, and then reads the committed
+// offset and restores the snapshot that matches it.
+func endTxnError(err error) error {
+	var answer *kerr.Error
+	if !errors.As(err, &answer) || kerr.IsRetriable(err) || errors.Is(err, kerr.UnknownServerError) {
+		return fmt.Errorf("commit transaction: %w: %w", errTxnOutcomeUnknown, err)
+	}
+	return fmt.Errorf("commit transaction: %w", err)
+}
+
+// endOffsetsOnlyTxn commits the open transaction when it holds the offset
+// commit and no record: an interval whose records published nothing, as a
+// re-keyed group's second stage reads on a repartition partition that only
+// markers reach. franz-go ends only a transaction it produced into (the
+// offsets were added by our own requests, which it does not see), so the
+// EndTxn is sent here, retried only while the coordinator answers
+// CONCURRENT_TRANSACTIONS (as franz-go does); any other failure is the same
+// as a failed commit (endTxnError).
+//
+// A broker with transactions v2 (KIP-890) bumps the producer epoch at every
+// EndTxn and returns the new one. The client, which did not send this one,
+// would produce under the old epoch and be fenced: it is replaced by a new
+// producer, initialised anew (no transaction is open: that fences nothing but
+// the old epoch). A producer that cannot be made loses the partition
+// (errTxnProducerLost), to be taken over again from this commit.
+func (w *worker) endOffsetsOnlyTxn(ctx context.Context, id int64, epoch int16) error {
+	cl := w.txn
+	end := kmsg.NewPtrEndTxnRequest()
+	end.TransactionalID, end.ProducerID, end.ProducerEpoch, end.Commit = w.s.transactionalID(w.part), id, epoch, true
+	var resp *kmsg.EndTxnResponse
+	err := retry.Do(ctx, 2*time.Second, func(err error) bool { return errors.Is(err, kerr.ConcurrentTransactions) }, func() error {
+		r, err := end.RequestWith(ctx, cl)
+		if err == nil {
+			resp, err = r, kerr.ErrorForCode(r.ErrorCode)
 		}
+		return err
+	})
+	if err != nil {
+		return endTxnError(err)
+	}
+	if resp.Version >= 5 && resp.ProducerID >= 0 {
+		w.s.log.Debug("exactly-once: committed offsets only; the broker moved the producer epoch, so the producer is made anew",
+			zap.Int32("partition", w.part), zap.Int16("epoch", resp.ProducerEpoch))
+		txn, err := w.s.newTxnProducer(ctx, w.part)
+		if err != nil {
+			return fmt.Errorf("commit transaction: committed, and then %w: %w", errTxnProducerLost, err)
+		}
+		w.useTxn(txn)
+		cl.Close()
+		return nil
+	}
+	// The epoch stays: franz-go ends its empty transaction without a request.
+	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
 		return fmt.Errorf("commit transaction: %w", err)
 	}
 	return cl.BeginTransaction()
 }
 
 // errTxnOutcomeUnknown marks a transaction commit whose outcome did not come
-// back; worker.txnLost treats it as a lost transaction.
+// back; worker.lost treats it as a lost transaction.
 var errTxnOutcomeUnknown = errors.New("outcome unknown")
+
+// errTxnProducerLost marks a transaction committed whose producer could not be
+// made anew for the next one (endOffsetsOnlyTxn); worker.lost treats it as a
+// lost transaction.
+var errTxnProducerLost = errors.New("no transactional producer for the next transaction")

@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/velocity-consumer/velocity-consumer/internal/streamtest"
@@ -282,4 +285,111 @@ func TestExactlyOnceFirstStageCommitsIdleChangesAtOnce(t *testing.T) {
 	read(fmt.Sprintf("hop record of the record that woke partition 0 (offset %d)", n0), func() bool { return events[woke] })
 	close(stop)
 	<-produced
+}
+
+// TestSecondStageCommitsAnIntervalWithoutOutputs: a re-keyed group's second
+// stage whose repartition partition brings only markers (a group keyed by a
+// field of few values leaves most repartition partitions without events; the
+// sources' watermarks still reach every one of them) publishes nothing, and
+// under exactly-once it also committed nothing: a transaction holding only an
+// offset commit was never ended, so the checkpoint was skipped whole. Its
+// committed offset and its snapshot stayed where its last output left them
+// (forever, here), velocity_checkpoint_age_seconds grew without bound (the
+// VelocityCheckpointStale alert), and a restart re-read every marker since, or
+// reported the ones retention deleted as input never counted. Both modes now
+// commit such an interval: the group's committed offset reaches the end of the
+// partition. Then an event, released by the markers after it, is published
+// (once, read_committed) and committed with them: the transactional producer
+// goes on after those commits (under transactions v2 the broker bumps its
+// epoch at each one, and the service replaces it).
+func TestSecondStageCommitsAnIntervalWithoutOutputs(t *testing.T) {
+	for _, eos := range []bool{false, true} {
+		t.Run(fmt.Sprintf("exactly-once=%v", eos), func(t *testing.T) {
+			const partitions, markers = 2, 40
+			repTopic, groupOut := "__velocity-repartition-g-cur", "features.cur"
+			c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, repTopic, groupOut, dlqTopic))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(c.Close)
+			brokers := c.ListenAddrs()
+			_, specs := compileGroups(t)
+			second := testConfig(t, brokers, checkpoint.NewMemoryStore())
+			second.Group, second.InputTopic, second.OutputTopic = "g.cur", repTopic, groupOut
+			second.Specs, second.Features, second.Merge = slices.Clone(specs[1].Spec.Windows), specs[1].Spec, &MergeGroup{Name: "cur"}
+			second.ExactlyOnce, second.Host = eos, "second"
+			svc, _ := startService(t, second)
+
+			// Markers of both sources, watermarks rising, to repartition
+			// partition 0, and no event.
+			var recs []*kgo.Record
+			for i := range markers {
+				v, err := repartition.AppendRecord(nil, &repartition.Record{Kind: repartition.KindMarker, Epoch: 1,
+					Watermark: streamtest.Base + int64(i)*1000, Event: repartition.Event{Source: int32(i % partitions)}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				recs = append(recs, &kgo.Record{Topic: repTopic, Partition: 0, Value: v})
+			}
+			produce(t, brokers, recs)
+			adm := kadm.NewClient(newClient(t, brokers))
+			committedTo := func(end int64) {
+				t.Helper()
+				waitFor(t, fmt.Sprintf("group %s to commit offset %d of %s/0", second.Group, end, repTopic), 30*time.Second, func() bool {
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					defer cancel()
+					offs, err := adm.FetchOffsets(ctx, second.Group)
+					if err != nil {
+						return false
+					}
+					o, ok := offs.Lookup(repTopic, 0)
+					return ok && o.Err == nil && o.At == end
+				})
+			}
+			committedTo(markers)
+
+			at := streamtest.Base + markers*1000
+			ev, err := repartition.AppendRecord(nil, &repartition.Record{Kind: repartition.KindEvent, Epoch: 1, Watermark: at,
+				Event: repartition.Event{Source: 0, Offset: 7, EventTime: at, Topic: "tx", Key: "EUR", EventID: "e-1", Amount: 100,
+					Ext: make([]uint64, specs[1].Spec.Words())}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			recs = []*kgo.Record{{Topic: repTopic, Partition: 0, Key: []byte("EUR"), Value: ev}}
+			for src := range int32(partitions) {
+				v, err := repartition.AppendRecord(nil, &repartition.Record{Kind: repartition.KindMarker, Epoch: 1, Watermark: at + 1000, Event: repartition.Event{Source: src}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				recs = append(recs, &kgo.Record{Topic: repTopic, Partition: 0, Value: v})
+			}
+			produce(t, brokers, recs)
+			committedTo(markers + 3)
+			cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(groupOut), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+				kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			rows := 0
+			for rows == 0 {
+				fs := cl.PollFetches(ctx)
+				if ctx.Err() != nil {
+					t.Fatalf("no row of the event on %s (read_committed) within 30 s", groupOut)
+				}
+				rows += fs.NumRecords()
+			}
+			if rows != 1 {
+				t.Fatalf("%d rows for one event", rows)
+			}
+			if err := svc.Healthy(); err != nil {
+				t.Fatalf("stopped: %v", err)
+			}
+			if n := testutil.ToFloat64(svc.m.TxnPartitionsLost); n != 0 {
+				t.Fatalf("velocity_txn_partitions_lost_total = %v, want 0", n)
+			}
+		})
+	}
 }

@@ -243,6 +243,10 @@ type Service struct {
 	fenced map[int32]*kgo.Client
 	// ownerCheck is when reacquireLost last asked the coordinator (poll loop only).
 	ownerCheck time.Time
+	// reacquireFailing holds, for partitions in txnLost, when reacquireLost's
+	// takeover of them first failed for a reason that may pass, until one
+	// succeeds or the partition leaves txnLost (poll loop only).
+	reacquireFailing map[int32]time.Time
 	// wakePoll ends the poll in progress (under mu).
 	wakePoll context.CancelFunc
 	// inputTopicID is the input topic's id for exactly-once offset commits
@@ -280,7 +284,7 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Service, error) {
 		}
 	}
 	s := &Service{cfg: cfg, log: log, m: m, dec: dec, workers: make(map[int32]*worker), txnLost: make(map[int32]time.Time), fenced: make(map[int32]*kgo.Client),
-		setUp: make(chan struct{}), roundWait: defaultRoundWait}
+		reacquireFailing: make(map[int32]time.Time), setUp: make(chan struct{}), roundWait: defaultRoundWait}
 	s.gauges.assigned, s.gauges.restoring, s.gauges.paused = m.AssignedPartition, m.PartitionsRestoring, m.PausedPartitions
 	if g := cfg.Merge; g != nil {
 		s.log = log.With(zap.String("rekeyed_group", g.Name))
@@ -880,12 +884,26 @@ const txnLostGrace = 5 * time.Second
 // It runs on the poll goroutine between a poll and AllowRebalance, so no
 // revoke can run meanwhile, and SetOffsets is safe (franz-go drops buffered
 // fetches when offsets are set).
+//
+// A takeover that fails for a reason that may pass (mayPass) leaves the
+// partition lost and paused, and is tried again at the next owner check (each
+// second), for up to takeoverRetry since its first failure, as
+// acquireRetrying does on assignment; it is not retried in place, which would
+// hold up the poll loop and every other partition. A transaction is most
+// often lost to a broker restarting (its commit's answer never came), and the
+// broker is often not back 5 s later: stopping on the first refused dial
+// stopped the service over a restart it rides out everywhere else.
 func (s *Service) reacquireLost(ctx context.Context) {
 	s.mu.Lock()
 	var due []int32
 	for p, at := range s.txnLost {
 		if time.Since(at) >= txnLostGrace {
 			due = append(due, p)
+		}
+	}
+	for p := range s.reacquireFailing {
+		if _, ok := s.txnLost[p]; !ok {
+			delete(s.reacquireFailing, p) // revoked or lost meanwhile
 		}
 	}
 	s.mu.Unlock()
@@ -911,11 +929,23 @@ func (s *Service) reacquireLost(ctx context.Context) {
 			next, err = s.startOffset(ctx, p)
 		}
 		if err != nil {
-			if ctx.Err() == nil { // else shutting down: the partition simply stays ours, unprocessed
-				s.fail(fmt.Errorf("partition %d: reacquire after a lost transaction: %w", p, err))
+			if ctx.Err() != nil {
+				return // shutting down: the partition simply stays ours, unprocessed
 			}
+			first, failing := s.reacquireFailing[p]
+			if !failing {
+				first = time.Now()
+			}
+			if mayPass(err) && time.Since(first) < takeoverRetry {
+				s.reacquireFailing[p] = first
+				s.log.Warn("reacquiring a partition whose transaction was lost failed for a reason that may pass; retrying at the next owner check",
+					zap.Int32("partition", p), zap.Duration("failing_for", time.Since(first).Round(time.Millisecond)), zap.Error(err))
+				continue
+			}
+			s.fail(fmt.Errorf("partition %d: reacquire after a lost transaction: %w", p, err))
 			return
 		}
+		delete(s.reacquireFailing, p)
 		s.cons.SetOffsets(map[string]map[int32]kgo.EpochOffset{s.cfg.InputTopic: {p: {Epoch: -1, Offset: next}}})
 		s.cons.ResumeFetchPartitions(map[string][]int32{s.cfg.InputTopic: {p}})
 	}

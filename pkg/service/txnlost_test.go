@@ -34,6 +34,7 @@ func TestLost(t *testing.T) {
 		{"coordinator aborted it", kerr.InvalidTxnState, true, true},
 		{"abortable", kerr.TransactionAbortable, true, true},
 		{"producer state gone from the leader", fmt.Errorf("produce to dlq: %w", kerr.UnknownProducerID), true, true},
+		{"no producer after an offsets-only commit", fmt.Errorf("partition 1: exactly-once commit of offset 9: commit transaction: committed, and then %w: %w", errTxnProducerLost, kerr.CoordinatorNotAvailable), true, true},
 		{"default mode never", fmt.Errorf("produce: %w", kerr.ProducerFenced), false, false},
 		{"a leader move is not a loss", fmt.Errorf("produce: %w", kerr.NotLeaderForPartition), true, false},
 		{"flush timeout is not a loss", fmt.Errorf("%w: %w", sink.ErrFlushTimeout, context.DeadlineExceeded), true, false},

@@ -154,13 +154,11 @@ func (s *Service) startWorker(p int32, proc *pipeline.Processor, txn *kgo.Client
 		features:    s.m.Features.WithLabelValues(label),
 		lateApplied: s.m.LateApplied.WithLabelValues(label),
 	}
-	snk := s.sinks[int(p)%len(s.sinks)]
 	if txn != nil {
-		snk = sink.New(txn, s.cfg.OutputTopic, s.cfg.DLQTopic, s.cfg.Host).WithFeaturesPrefix(s.cfg.FeaturesValuePrefix).WithBuild(s.cfg.Build).WithDefinition(s.cfg.Definition)
+		w.useTxn(txn)
+	} else {
+		w.tracker = w.newTracker(s.sinks[int(p)%len(s.sinks)])
 	}
-	w.tracker = snk.NewTracker(func(arrival int64) {
-		s.m.Latency.Observe(float64(time.Now().UnixNano()-arrival) / 1e9)
-	})
 	w.emitFn = w.emit
 	w.progress.Store(time.Now().UnixNano())
 	s.mu.Lock()
@@ -170,6 +168,23 @@ func (s *Service) startWorker(p int32, proc *pipeline.Processor, txn *kgo.Client
 	return w
 }
 
+// useTxn makes txn the partition's transactional producer, with a sink and a
+// tracker of its own (exactly-once). Called when the worker starts, and on its
+// goroutine between two transactions when the producer is replaced
+// (endOffsetsOnlyTxn): nothing of the old one is in flight then.
+func (w *worker) useTxn(txn *kgo.Client) {
+	s := w.s
+	w.txn = txn
+	w.tracker = w.newTracker(sink.New(txn, s.cfg.OutputTopic, s.cfg.DLQTopic, s.cfg.Host).
+		WithFeaturesPrefix(s.cfg.FeaturesValuePrefix).WithBuild(s.cfg.Build).WithDefinition(s.cfg.Definition))
+}
+
+func (w *worker) newTracker(snk *sink.Sink) *sink.Tracker {
+	return snk.NewTracker(func(arrival int64) {
+		w.s.m.Latency.Observe(float64(time.Now().UnixNano()-arrival) / 1e9)
+	})
+}
+
 func (w *worker) stop(commit bool) { w.quit <- commit }
 
 func (w *worker) run() {
@@ -177,8 +192,9 @@ func (w *worker) run() {
 	defer w.released.Store(true)
 	if w.txn != nil {
 		// Leaving without a commit abandons the open transaction: the next
-		// owner's fencing (or the transaction timeout) aborts it.
-		defer w.txn.Close()
+		// owner's fencing (or the transaction timeout) aborts it. The
+		// producer in use then, which endOffsetsOnlyTxn may have replaced.
+		defer func() { w.txn.Close() }()
 	}
 	tick := time.NewTicker(w.tickEvery())
 	defer tick.Stop()
@@ -344,7 +360,7 @@ func (w *worker) lost(err error) bool {
 		return false
 	}
 	for _, e := range []error{kerr.ProducerFenced, kerr.InvalidProducerEpoch, kerr.InvalidProducerIDMapping,
-		kerr.InvalidTxnState, kerr.TransactionAbortable, kerr.UnknownProducerID, errTxnOutcomeUnknown} {
+		kerr.InvalidTxnState, kerr.TransactionAbortable, kerr.UnknownProducerID, errTxnOutcomeUnknown, errTxnProducerLost} {
 		if errors.Is(err, e) {
 			return true
 		}
@@ -697,16 +713,16 @@ func (w *worker) updateGroupCounters() {
 // what this one already did.
 
 // checkpoint runs the protocol synchronously.
+//
+// Exactly-once, an interval whose records published nothing (a second stage
+// that read only markers or re-sent hop records) is checkpointed like any
+// other: its transaction holds the offset commit alone (endOffsetsOnlyTxn).
+// Waiting for the next output to carry the offset, as it once did, waited
+// forever on a repartition partition that no event is keyed to: neither its
+// offset nor its snapshot moved, and its checkpoint age grew without bound.
 func (w *worker) checkpoint() error {
 	if !w.dirty {
 		return w.catchUpCommit()
-	}
-	if w.txn != nil && w.txnRecords == 0 {
-		// Exactly-once: a transaction with offsets but no records is one
-		// franz-go would not end. Nothing was emitted, so nothing is lost by
-		// waiting: the offset is committed with the next output (a crash
-		// before then re-reads these records from the older commit).
-		return nil
 	}
 	start := time.Now()
 	sw := w.cut()
@@ -766,8 +782,11 @@ func (w *worker) cut() *sweep {
 		next:  w.proc.Next(),
 		id:    checkpoint.ID{Epoch: w.epoch, Seq: w.seq},
 		flush: w.idleFlushAt,
-		epoch: w.tracker.Cut(), // at the snapshot: no output in between
-		start: time.Now(),
+		// Exactly-once: the transaction holds no record (the synchronous
+		// schedule emits nothing before the commit).
+		offsetsOnly: w.txn != nil && w.txnRecords == 0,
+		epoch:       w.tracker.Cut(), // at the snapshot: no output in between
+		start:       time.Now(),
 	}
 	w.snapBuf = nil // owned by the snapshot until settle returns it
 	w.dirty = false
@@ -777,12 +796,13 @@ func (w *worker) cut() *sweep {
 // sweep is a checkpoint whose snapshot was cut (see
 // pipeline.Processor.BeginSnapshot) and is being taken or persisted.
 type sweep struct {
-	snap  *pipeline.PendingSnapshot
-	next  int64
-	id    checkpoint.ID
-	flush int64 // idleFlushAt at the cut
-	epoch *sink.Epoch
-	start time.Time
+	snap        *pipeline.PendingSnapshot
+	next        int64
+	id          checkpoint.ID
+	flush       int64 // idleFlushAt at the cut
+	offsetsOnly bool  // exactly-once: no record in the transaction
+	epoch       *sink.Epoch
+	start       time.Time
 }
 
 const (
@@ -831,7 +851,8 @@ func (w *worker) completeSweep() {
 // cut, saves the snapshot and commits its offset. It runs on the partition
 // goroutine or on a background one, so it touches none of the partition
 // goroutine's fields (the tracker and the transactional client are safe to
-// use from any goroutine; the exactly-once schedule is synchronous). Once the
+// use from any goroutine; the exactly-once schedule is synchronous, and only
+// it replaces them, after an offsets-only commit: endOffsetsOnlyTxn). Once the
 // worker is released (the partition lost or revoked) it stops before the save
 // and before the commit: an old owner must not move the group's offset.
 func (w *worker) persist(sw *sweep) bgResult {
@@ -876,7 +897,7 @@ func (w *worker) persist(sw *sweep) bgResult {
 		// between leaves it ahead of the committed transaction, and restore
 		// steps back to the previous one, found by the ID this commit
 		// carries (checkpoint.ForCommitted).
-		if err := w.commitTxn(ctx, sw.next, checkpoint.CommitNote{Snapshot: sw.id, IdleFlushAt: sw.flush}); err != nil {
+		if err := w.commitTxn(ctx, sw.next, checkpoint.CommitNote{Snapshot: sw.id, IdleFlushAt: sw.flush}, sw.offsetsOnly); err != nil {
 			w.s.m.CommitErrors.Inc()
 			res.err = fmt.Errorf("partition %d: exactly-once commit of offset %d: %w", w.part, sw.next, err)
 			return res
