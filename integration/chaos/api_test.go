@@ -3,6 +3,7 @@
 package chaos
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -10,7 +11,11 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -346,13 +351,27 @@ func (r *run) startQueries(seed uint64) {
 }
 
 // stopQueries stops the queriers (waiting for the requests in flight) and the
-// poller, and keeps what they got.
+// poller, keeps what they got, and writes every request to api-<mode>.log in
+// the run's directory, for the reader of a failure.
 func (r *run) stopQueries() {
 	for _, g := range r.groups {
 		g.reqs, g.skipped = g.q.halt()
+		slices.SortFunc(g.reqs, func(a, b *apiRequest) int { return a.sent.Compare(b.sent) })
+		var b strings.Builder
+		b.WriteString("# sent\tanswered\tslot\tendpoint\tentity\tstatus\tretry-after\tbody or error\n")
+		for _, q := range g.reqs {
+			what := q.err
+			if what == "" {
+				what = string(bytes.TrimSpace(q.body))
+			}
+			fmt.Fprintf(&b, "%s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\n", r.tl.at(q.sent), r.tl.at(q.answered), q.slot, q.ep, q.entity, q.status, q.retry, what)
+		}
+		if err := os.WriteFile(filepath.Join(r.dir, "api-"+g.mode+".log"), []byte(b.String()), 0o644); err != nil {
+			r.t.Logf("write the query API's log: %v", err)
+		}
 	}
 	r.stopPoll()
-	r.tl.logf("query API: %d and %d requests sent", len(r.groups[0].reqs), len(r.groups[1].reqs))
+	r.tl.logf("query API: %d and %d requests sent (api-default.log, api-eos.log)", len(r.groups[0].reqs), len(r.groups[1].reqs))
 }
 
 // apiModel builds the model of the whole input the answers are judged by.

@@ -584,7 +584,7 @@ func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, v variant, s
 		}
 		if env.report != "" {
 			line := fmt.Sprintf("%s\t%s-%s\tseed=%d\tduration=%s\trecords=%d\tfaults=%v\tself-exits=%d\tapi=%d/%d/%d/%d\t%s\tlogs=%s\n",
-				time.Now().UTC().Format(time.RFC3339), g.mode, store, seed, time.Since(tl.begin).Round(time.Second), total(ends), r.faults, r.selfExits(g),
+				time.Now().UTC().Format(time.RFC3339), g.mode, v.name, seed, time.Since(tl.begin).Round(time.Second), total(ends), r.faults, r.selfExits(g),
 				st.ok, st.unavailable, st.other, st.transport, outcome, dir)
 			if f, err := os.OpenFile(env.report, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644); err == nil {
 				f.WriteString(line)
