@@ -7,6 +7,7 @@ import (
 	crand "crypto/rand"
 	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -320,6 +321,14 @@ type group struct {
 	raw      *collector // read_uncommitted; the same as live in the default mode
 	cps      []checkpoint
 	groups   groupTopics // the definition's re-keyed groups' outputs
+	// The query API: each slot's base URL (its --api-addr, which it also
+	// advertises to the group), the querier that asks them, the group's
+	// committed offsets over the run, and what the querier got.
+	api     [slots]string
+	q       *querier
+	commits *commitTimeline
+	reqs    []*apiRequest
+	skipped int
 }
 
 // run is one schedule over one input, consumed by a default-mode group and
@@ -343,6 +352,8 @@ type run struct {
 	// lastFault is when the last fault ended: the final checks begin a
 	// session timeout after it, once its rebalance is over.
 	lastFault time.Time
+	// stopPoll stops the committed-offset poller (startQueries).
+	stopPoll func()
 }
 
 func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, v variant, seed uint64, env chaosEnv) {
@@ -367,6 +378,8 @@ func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, v variant, s
 
 	addr := b.Addr
 	keepAll := map[string]string{"retention.ms": "-1"}
+	portRng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), seed))
+	ports := map[int]bool{}
 	r.input = kafkatest.CreateTopic(t, addr, partitions, keepAll)
 	rks := v.rekeyedGroups(t)
 	for _, eos := range []bool{false, true} {
@@ -377,7 +390,13 @@ func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, v variant, s
 			g.mode = "eos"
 		}
 		snapTopic := kafkatest.Name(t, "snap")
+		g.commits = &commitTimeline{}
 		for i := range g.inst {
+			port, err := freePort(portRng, ports)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g.api[i] = "http://127.0.0.1:" + strconv.Itoa(port)
 			st := "kafka://" + snapTopic
 			if store == "file" {
 				sd := filepath.Join(dir, fmt.Sprintf("%s-state-%d", g.mode, i))
@@ -391,6 +410,9 @@ func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, v variant, s
 				"--output-topic", g.out, "--dlq-topic", g.dlq, "--checkpoint-store", st,
 				"--checkpoint-interval", checkpointInterval.String(), "--idle-timeout", idleTimeout.String(),
 				"--session-timeout", sessionTimeout.String(), "--metrics-addr", "", "--log-level", r.env.logLevel,
+				// The advertised URL defaults to http://127.0.0.1:<port>: where the
+				// querier and the other instances reach this slot.
+				"--api-addr", "127.0.0.1:" + strconv.Itoa(port),
 			}, v.semantics()...)
 			args = append(args, g.groups.flags()...)
 			if eos {
@@ -446,16 +468,19 @@ func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, v variant, s
 		kgo.ProducerLinger(5*time.Millisecond), kgo.RecordDeliveryTimeout(0), kgo.RetryTimeout(5*time.Minute))
 	r.prod = &producer{cl: pcl, gen: newGenerator(sched.InputSeed)}
 
-	// The schedule.
+	// The schedule, with the query API asked throughout, and the groups'
+	// committed offsets polled throughout, until the last checkpoint.
 	tl.logf("store %s, seed %d: start default-0 and eos-0; %d phases planned over %s", store, seed, len(sched.Phases), sched.length())
 	for _, g := range r.groups {
 		r.must(g.inst[0].start())
 	}
+	r.startQueries(seed)
 	for i, p := range sched.Phases {
 		r.phase(i, p)
 	}
 	tl.logf("schedule done: %d records produced; faults: %v", r.prod.total, r.faults)
 	r.finale()
+	r.stopQueries()
 
 	// The checks.
 	adm := kafkatest.Admin(t, addr)
@@ -477,12 +502,26 @@ func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, v variant, s
 	if len(replayFails) > 0 {
 		vin.replay = nil // no reference: check the rest only
 	}
+	// The query API's answers, judged by the input and replay's verdicts.
+	var model *apiModel
+	var modelErr error
+	if vin.replay != nil {
+		model, modelErr = r.apiModel(ends, replay, gen)
+	}
 	r.summary(ends)
 	for _, g := range r.groups {
 		fails := append([]string(nil), replayFails...)
 		for _, cp := range g.cps {
 			fails = append(fails, check(cp, vin)...)
 		}
+		st := &apiStats{skipped: g.skipped}
+		switch {
+		case modelErr != nil:
+			fails = append(fails, fmt.Sprintf("query API: no answer judged: %v", modelErr))
+		case model != nil:
+			fails = append(fails, model.checkAnswers(g.reqs, g.commits, tl.at, st)...)
+		}
+		tl.logf("query API, %s: %s", g.mode, st)
 		for i, rk := range g.groups.rk {
 			gin := vin
 			gin.replay, gin.codec = replayByGroup[i], rk.out.codec
@@ -534,6 +573,7 @@ func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, v variant, s
 			fmt.Fprintf(&b, "input end offsets: %s\n", describeEnds(ends))
 			fmt.Fprintf(&b, "reproduce: %s\n", repro)
 			fmt.Fprintf(&b, "logs: %s (%s-N.log per process slot of this mode's group %s, timeline.log, schedule.txt, replay.log)\n", dir, g.mode, g.name)
+			fmt.Fprintf(&b, "query API: slots %s; %s\n", strings.Join(g.api[:], ", "), st)
 			for _, f := range fails {
 				fmt.Fprintf(&b, "\n- %s\n", f)
 			}
@@ -543,8 +583,9 @@ func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, v variant, s
 			t.Error(b.String())
 		}
 		if env.report != "" {
-			line := fmt.Sprintf("%s\t%s-%s\tseed=%d\tduration=%s\trecords=%d\tfaults=%v\tself-exits=%d\t%s\tlogs=%s\n",
-				time.Now().UTC().Format(time.RFC3339), g.mode, store, seed, time.Since(tl.begin).Round(time.Second), total(ends), r.faults, r.selfExits(g), outcome, dir)
+			line := fmt.Sprintf("%s\t%s-%s\tseed=%d\tduration=%s\trecords=%d\tfaults=%v\tself-exits=%d\tapi=%d/%d/%d/%d\t%s\tlogs=%s\n",
+				time.Now().UTC().Format(time.RFC3339), g.mode, v.name, seed, time.Since(tl.begin).Round(time.Second), total(ends), r.faults, r.selfExits(g),
+				st.ok, st.unavailable, st.other, st.transport, outcome, dir)
 			if f, err := os.OpenFile(env.report, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644); err == nil {
 				f.WriteString(line)
 				f.Close()

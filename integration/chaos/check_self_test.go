@@ -3,13 +3,19 @@
 package chaos
 
 import (
+	"fmt"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/velocity-consumer/velocity-consumer/pkg/definition"
+	"github.com/velocity-consumer/velocity-consumer/pkg/window"
 )
 
 // TestChaosChecksFire needs no broker: each invariant of check reports the
 // outputs that break it, naming the partition and offsets, and says nothing
-// about outputs that keep it.
+// about outputs that keep it; and so does each check of the query API's
+// answers (apiChecksFire).
 func TestChaosChecksFire(t *testing.T) {
 	feat := func(eventID string, count int64, src int64) output {
 		native := map[string]any{
@@ -68,5 +74,132 @@ func TestChaosChecksFire(t *testing.T) {
 	in.replay = map[srcKey][]output{{0, 0}: {feat("a", 1, 0)}, {0, 2}: {feat("c", 2, 2), feat("c", 2, 2)}}
 	if got := strings.Join(checkReplay(in), "\n"); !strings.Contains(got, "replay: 1 input offsets have no output") || !strings.Contains(got, "replay: 1 input offsets have more than one output") {
 		t.Errorf("a broken replay is not reported:\n%s", got)
+	}
+	t.Run("query API", apiChecksFire)
+}
+
+// apiChecksFire: each check of the query API's answers (apicheck_test.go)
+// reports an answer that breaks it (a wrong count, a wrong pending, an answer
+// from a previous owner's state, a 503 without Retry-After, a 500, a 4xx, a
+// wrong feature, a false claim of inexactness) and says nothing about answers
+// that keep it, including one exactly at the committed offset.
+func apiChecksFire(t *testing.T) {
+	entity := ""
+	for i := 0; entity == ""; i++ {
+		if e := fmt.Sprintf("card-%06d", i); apiPartition(e) == 0 {
+			entity = e
+		}
+	}
+	const t0 = int64(1_795_000_000_000)
+	// Partition 0: offsets 0, 2 and 3 are the entity's accepted events, 1 a
+	// duplicate. After offset 3 the watermark is t0+500: 0 and 2 are counted, 3 is
+	// pending.
+	txs := map[string]genTx{
+		"ev-1": {eventID: "ev-1", entity: entity, currency: "EUR", amount: 100, time: t0},
+		"ev-2": {eventID: "ev-1", entity: entity, currency: "EUR", amount: 100, time: t0},
+		"ev-3": {eventID: "ev-3", entity: entity, currency: "USD", amount: 300, time: t0 + 500},
+		"ev-4": {eventID: "ev-4", entity: entity, currency: "EUR", amount: 50, time: t0 + 1500},
+	}
+	gen := map[srcKey]string{{0, 0}: "valid ev-1", {0, 1}: "duplicate ev-2", {0, 2}: "valid ev-3", {0, 3}: "valid ev-4"}
+	feat := output{key: []byte(entity)}
+	replay := map[srcKey][]output{{0, 0}: {feat}, {0, 1}: {{dead: true, reason: "duplicate"}}, {0, 2}: {feat}, {0, 3}: {feat}}
+	ends := map[int32]int64{0: 4, 1: 0, 2: 0, 3: 0}
+	specs, err := window.ParseSpecs("1m:1s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := newAPIModel(ends, replay, gen, txs, specs, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	begin := time.Now()
+	floors := &commitTimeline{points: []commitPoint{{at: begin, offsets: map[int32]int64{0: 4}}}}
+	sent := begin.Add(time.Second)
+	velocity := func(last, pending, count, sum, mn, mx int64) []byte {
+		asOf := t0 + 500
+		return fmt.Appendf(nil, `{"entity_id":%q,"known":true,"partition":0,"as_of":%d,"as_of_time":%q,"last_offset":%d,"pending":%d,"at_range":{"from":%d,"to":%d},`+
+			`"windows":[{"window":"1m","window_ms":60000,"bucket_ms":1000,"count":%d,"sum_minor":%d,"min_minor":%d,"max_minor":%d}]}`,
+			entity, asOf, time.UnixMilli(asOf).UTC().Format(time.RFC3339Nano), last, pending, t0-1000, asOf+60_000, count, sum, mn, mx)
+	}
+	req := func(status int, retry string, body []byte) *apiRequest {
+		return &apiRequest{mode: "default", ep: epVelocity, entity: entity, url: "http://127.0.0.1:1/v1/entities/" + entity + "/velocity",
+			sent: sent, answered: sent, status: status, retry: retry, ctype: "application/json", body: body}
+	}
+	rel := func(at time.Time) string { return at.Sub(begin).String() }
+
+	good := []*apiRequest{
+		req(200, "", velocity(3, 1, 2, 400, 100, 300)), // last_offset = committed − 1: not stale
+		req(503, "1", []byte(`{"error":{"code":"unavailable","message":"restoring"}}`)),
+		{mode: "default", entity: entity, url: "http://127.0.0.1:1/", sent: sent, err: "connection refused"},
+	}
+	var st apiStats
+	if got := m.checkAnswers(good, floors, rel, &st); len(got) != 0 {
+		t.Fatalf("answers that keep every invariant fail: %v", got)
+	}
+	if st.ok != 1 || st.unavailable != 1 || st.transport != 1 || st.floored != 1 {
+		t.Errorf("stats %+v, want 1 answered 200 (with a committed offset before it), 1 503, 1 without an answer", st)
+	}
+
+	cases := []struct {
+		name string
+		req  *apiRequest
+		want []string
+	}{
+		{"wrong count", req(200, "", velocity(3, 1, 3, 400, 100, 300)), []string{"answer unlike the input's", "windows[0]", "Count:3", "Count:2", "3 accepted events", "pending ones: the last 1 by offset, offsets 3-3"}},
+		{"wrong pending", req(200, "", velocity(3, 2, 2, 400, 100, 300)), []string{"wrong pending", "pending 2, but only 1 accepted events"}},
+		{"stale", req(200, "", velocity(2, 0, 2, 400, 100, 300)), []string{"answer from a previous owner's state", "last_offset 2, but the group had committed offset 4", "want last_offset ≥ 3"}},
+		{"503 without Retry-After", req(503, "", []byte(`{}`)), []string{"503 without Retry-After"}},
+		{"500", req(500, "", []byte(`{"error":{"code":"internal"}}`)), []string{"5xx other than 503", `"internal"`}},
+		{"404", req(404, "", []byte(`{"error":{"code":"not_found"}}`)), []string{"4xx to a well-formed request"}},
+		{"another entity", func() *apiRequest { r := req(200, "", velocity(3, 1, 2, 400, 100, 300)); r.entity = "card-x"; return r }(), []string{"wrong entity"}},
+	}
+	for _, c := range cases {
+		got := strings.Join(m.checkAnswers([]*apiRequest{c.req}, floors, rel, &apiStats{}), "\n")
+		for _, w := range c.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("%s: the report lacks %q:\n%s", c.name, w, got)
+			}
+		}
+	}
+
+	// The features endpoint, under the file-features definition: its filters, a
+	// distinct count, and the exactness a small set must claim.
+	def, err := definition.LoadFile("testdata/tx_features.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fm, err := newAPIModel(ends, replay, gen, txs, def.Windows, def)
+	if err != nil {
+		t.Fatal(err)
+	}
+	features := func(eurMin, idsExact string) []byte {
+		asOf := t0 + 500
+		return fmt.Appendf(nil, `{"entity_id":%q,"known":true,"partition":0,"as_of":%d,"as_of_time":%q,"last_offset":3,"pending":1,"at_range":{"from":%d,"to":%d},"definition":%q,`+
+			`"features":{"txns_10s":2,"txns_1m":2,"txns_5m":2,"spend_1m":400,"spend_5m":400,"eur_min_1m":%s,"big_5m":null,"currencies_1m":2,"currencies_5m":2,"ids_1m":2},`+
+			`"exact":{"currencies_exact":true,"ids_exact":%s}}`,
+			entity, asOf, time.UnixMilli(asOf).UTC().Format(time.RFC3339Nano), t0-1000, asOf+300_000, def.Version+"@"+def.Hash(), eurMin, idsExact)
+	}
+	freq := func(body []byte) *apiRequest {
+		r := req(200, "", body)
+		r.ep = epFeatures
+		return r
+	}
+	if got := fm.checkAnswers([]*apiRequest{freq(features("100", "true"))}, floors, rel, &apiStats{}); len(got) != 0 {
+		t.Fatalf("a right features answer fails: %v", got)
+	}
+	for _, c := range []struct {
+		name string
+		body []byte
+		want []string
+	}{
+		{"wrong filtered min", features("300", "true"), []string{"features.eur_min_1m = 300, want 100"}},
+		{"inexact small set", features("100", "false"), []string{"exact.ids_exact = false, want true", "2 distinct values, max_exact 8"}},
+	} {
+		got := strings.Join(fm.checkAnswers([]*apiRequest{freq(c.body)}, floors, rel, &apiStats{}), "\n")
+		for _, w := range c.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("%s: the report lacks %q:\n%s", c.name, w, got)
+			}
+		}
 	}
 }

@@ -58,10 +58,31 @@ type generator struct {
 	sent     [partitions][]*kgo.Record
 	seq      int
 	kinds    map[string]int
+	// txs is, by the id of the chaos.gen header, the transaction each record
+	// carries that decodes as one (whatever the service then makes of it): what
+	// the query API's answers are computed from (apicheck_test.go), the
+	// generator's own amounts and event times rather than any output's.
+	txs map[string]genTx
+}
+
+// genTx is the transaction of one generated record, as the generator made it.
+type genTx struct {
+	eventID, entity, currency string
+	amount, time              int64
+}
+
+func txOf(tx *codec.Transaction) genTx {
+	return genTx{eventID: tx.EventID, entity: tx.EntityID, currency: tx.Currency, amount: tx.AmountMinor, time: tx.EventTime}
+}
+
+// genID is the generator's id of a record from its chaos.gen header ("<kind> <id>").
+func genID(header string) string {
+	_, id, _ := strings.Cut(header, " ")
+	return id
 }
 
 func newGenerator(seed uint64) *generator {
-	g := &generator{rng: rand.New(rand.NewPCG(seed, 0x696e707574)), kinds: map[string]int{}}
+	g := &generator{rng: rand.New(rand.NewPCG(seed, 0x696e707574)), kinds: map[string]int{}, txs: map[string]genTx{}}
 	for i := 0; ; i++ {
 		e := fmt.Sprintf("card-%06d", i)
 		h := fnv.New32a()
@@ -103,19 +124,26 @@ func (g *generator) next() *kgo.Record {
 	valid := func(t int64) *codec.Transaction {
 		return &codec.Transaction{EventID: id, EntityID: ent, AmountMinor: g.rng.Int64N(50_000), Currency: []string{"EUR", "USD", ""}[g.rng.IntN(3)], EventTime: t}
 	}
-	rec := func(kind string, key, value []byte, t int64) *kgo.Record {
+	// rec makes the record; tx is the transaction its value encodes (nil: none).
+	rec := func(kind string, key []byte, tx *codec.Transaction, value []byte, t int64) *kgo.Record {
 		g.kinds[kind]++
+		if tx != nil {
+			g.txs[id] = txOf(tx)
+		}
 		return &kgo.Record{
 			Key: key, Value: value, Partition: int32(p), Timestamp: time.UnixMilli(t),
 			Headers: []kgo.RecordHeader{{Key: genHeader, Value: []byte(kind + " " + id)}},
 		}
 	}
 	x := g.rng.IntN(1000)
+	enc := func(kind string, key []byte, tx *codec.Transaction, t int64) *kgo.Record {
+		return rec(kind, key, tx, codec.EncodeTransaction(tx), t)
+	}
 	switch {
 	case !started || g.fresh[p] || x < 860:
 		g.fresh[p] = false
 		g.clock[p] += g.rng.Int64N(25) // 0 too: equal event times, ordered by offset
-		r := rec("valid", []byte(ent), codec.EncodeTransaction(valid(g.clock[p])), g.clock[p])
+		r := enc("valid", []byte(ent), valid(g.clock[p]), g.clock[p])
 		g.sent[p] = append(g.sent[p], r)
 		if len(g.sent[p]) > 2000 {
 			g.sent[p] = g.sent[p][1:]
@@ -123,38 +151,40 @@ func (g *generator) next() *kgo.Record {
 		return r
 	case x < 890: // a resend of an accepted event: a duplicate
 		old := g.sent[p][g.rng.IntN(len(g.sent[p]))]
-		return rec("duplicate", old.Key, old.Value, g.clock[p])
+		r := rec("duplicate", old.Key, nil, old.Value, g.clock[p])
+		g.txs[id] = g.txs[genID(string(old.Headers[0].Value))]
+		return r
 	case x < 920: // behind the watermark by more than the lateness: late
 		t := g.clock[p] - allowedLateness.Milliseconds() - 1 - g.rng.Int64N(30_000)
-		return rec("late", []byte(ent), codec.EncodeTransaction(valid(t)), t)
+		return enc("late", []byte(ent), valid(t), t)
 	case x < 935:
-		return rec("undecodable", []byte(ent), []byte("not avro: "+id), g.clock[p])
+		return rec("undecodable", []byte(ent), nil, []byte("not avro: "+id), g.clock[p])
 	case x < 940:
-		return rec("tombstone", []byte(ent), nil, g.clock[p])
+		return rec("tombstone", []byte(ent), nil, nil, g.clock[p])
 	case x < 945:
-		return rec("empty", []byte(ent), []byte{}, g.clock[p])
+		return rec("empty", []byte(ent), nil, []byte{}, g.clock[p])
 	case x < 960:
 		tx := valid(g.clock[p])
 		tx.AmountMinor = -1 - g.rng.Int64N(1000)
-		return rec("negative-amount", []byte(ent), codec.EncodeTransaction(tx), g.clock[p])
+		return enc("negative-amount", []byte(ent), tx, g.clock[p])
 	case x < 967:
 		tx := valid(g.clock[p])
 		tx.EventID = ""
-		return rec("empty-event-id", []byte(ent), codec.EncodeTransaction(tx), g.clock[p])
+		return enc("empty-event-id", []byte(ent), tx, g.clock[p])
 	case x < 974:
 		tx := valid(g.clock[p])
 		tx.Currency = "euro"
-		return rec("bad-currency", []byte(ent), codec.EncodeTransaction(tx), g.clock[p])
+		return enc("bad-currency", []byte(ent), tx, g.clock[p])
 	case x < 980: // more than --max-ahead (24 h) ahead of the partition: invalid, never accepted
 		t := g.clock[p] + 25*3600*1000
-		return rec("far-ahead", []byte(ent), codec.EncodeTransaction(valid(t)), g.clock[p])
+		return enc("far-ahead", []byte(ent), valid(t), g.clock[p])
 	case x < 985:
 		tx := valid(g.clock[p])
 		tx.Currency = strings.Repeat("X", maxRecordBytes) // oversized: too_large comes first
-		return rec("too-large", []byte(ent), codec.EncodeTransaction(tx), g.clock[p])
+		return enc("too-large", []byte(ent), tx, g.clock[p])
 	default: // keyed by another entity of the partition: processed as usual
 		g.clock[p] += g.rng.Int64N(25)
-		r := rec("key-mismatch", []byte(g.entity(p)+"-x"), codec.EncodeTransaction(valid(g.clock[p])), g.clock[p])
+		r := enc("key-mismatch", []byte(g.entity(p)+"-x"), valid(g.clock[p]), g.clock[p])
 		g.sent[p] = append(g.sent[p], r)
 		return r
 	}

@@ -71,11 +71,16 @@ type Metrics struct {
 	// TakeoversInterrupted counts takeovers of assigned partitions that a new
 	// rebalance cut short; they are redone in the next group session.
 	TakeoversInterrupted prometheus.Counter
-	CommitErrors         prometheus.Counter
-	ProduceErrors        prometheus.Counter
-	PausedPartitions     prometheus.Gauge
-	ConsumerLag          *prometheus.GaugeVec
-	AssignedPartition    prometheus.Gauge
+	// Stalls counts stalls of the process long enough that the group may have
+	// moved its partitions meanwhile, as each of its group consumers saw them
+	// (pkg/service's stall guard): the query API refuses reads after one until
+	// the coordinator confirms the membership.
+	Stalls            prometheus.Counter
+	CommitErrors      prometheus.Counter
+	ProduceErrors     prometheus.Counter
+	PausedPartitions  prometheus.Gauge
+	ConsumerLag       *prometheus.GaugeVec
+	AssignedPartition prometheus.Gauge
 	// SnapshotsStale counts restores whose snapshot was behind the group's
 	// committed offset (written by this instance before another owner moved
 	// the partition on): not resumed, the partition was rebuilt from the
@@ -191,6 +196,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		TakeoversInterrupted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "velocity_takeovers_interrupted_total", Help: "Takeovers of newly assigned partitions (fencing, restore, warm-up) that another rebalance cut short; the partitions still ours are taken over again in the next group session.",
 		}),
+		Stalls: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "velocity_stalls_total", Help: "Stalls of the process longer than --session-timeout less 1.5 heartbeat intervals (the group may have moved its partitions), as each of its group consumers saw them; the query API refused reads after each until the group coordinator confirmed the membership.",
+		}),
 		CommitErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "velocity_commit_errors_total", Help: "Offset commits that failed.",
 		}),
@@ -226,7 +234,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.RecordsIn, m.Features, m.DeadLetters, m.LateApplied, m.KeyMismatch, m.ReorderBuffer, m.WatermarkLag,
 		m.GroupKeyMissing, m.HopDuplicates, m.HopStaleIdle, m.GroupPartitions, m.GroupRestoring, m.GroupPaused,
 		m.Latency, m.AddedLatency, m.Entities, m.EntitiesEvicted, m.DedupeIDs, m.DedupeEvicted, m.CheckpointSeconds, m.CheckpointPause, m.CheckpointBytes, m.CheckpointWritten,
-		m.CheckpointErrors, m.SnapshotFallbacks, m.SnapshotStepBacks, m.TxnPartitionsLost, m.TakeoversInterrupted, m.CommitErrors, m.ProduceErrors,
+		m.CheckpointErrors, m.SnapshotFallbacks, m.SnapshotStepBacks, m.TxnPartitionsLost, m.TakeoversInterrupted, m.Stalls, m.CommitErrors, m.ProduceErrors,
 		m.PausedPartitions, m.ConsumerLag, m.AssignedPartition,
 		m.SnapshotsStale, m.OffsetsSkipped, m.ProgressAge, m.CheckpointAge, m.PartitionsRestoring,
 		collectors.NewGoCollector(),

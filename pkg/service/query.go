@@ -31,6 +31,13 @@ package service
 // restored has no worker yet: ErrNotOwned, which the API turns into 503 when the group
 // says the partition is ours (restoring) or moving.
 //
+// Invariant 5 (no answer after a stall the group may have noticed): a worker
+// registered here may belong to a process that was stopped for longer than its
+// session and has not heard yet that the group moved the partition; a turn of
+// reads is served only if the stall guard (stall.go, where the invariant is
+// written in full) has seen no such stall since the coordinator last confirmed
+// this member.
+//
 // Invariant 4 (reads change nothing): pipeline.Processor.Lookup, LookupFeatures and
 // Preview change no state (see pkg/pipeline/query.go and featurequery.go), so what the
 // API receives cannot alter outputs, snapshots or offsets.
@@ -290,6 +297,8 @@ take:
 	w.s.mu.Lock()
 	current := w.s.workers[w.part] == w
 	w.s.mu.Unlock()
+	// Invariant 5: not after a stall the group may have acted on.
+	current = current && w.s.stall.ok()
 	// The lookahead lives on this goroutine's stack, set up here rather than in a
 	// callee: a callee storing turn[:n] through a pointer would move turn to the heap.
 	var th turnHints

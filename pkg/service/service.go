@@ -257,6 +257,9 @@ type Service struct {
 	inputPartitions int32
 
 	queryState // the query API's reads (query.go)
+	// stall is the stall guard (stall.go): reads are refused after the process
+	// was stalled for longer than the group is sure to wait for it.
+	stall stallGuard
 
 	// gauges are the instance-wide partition gauges this service sets: the
 	// input's, or a second stage's own series (by group), so that the services
@@ -408,7 +411,7 @@ func (s *Service) Run(ctx context.Context) error {
 		kgo.FetchMaxWait(s.cfg.FetchMaxWait),
 	}, s.cfg.ClientOpts...)
 	if st := s.cfg.SessionTimeout; st > 0 {
-		copts = append(copts, kgo.SessionTimeout(st), kgo.HeartbeatInterval(min(3*time.Second, st/3)))
+		copts = append(copts, kgo.SessionTimeout(st), kgo.HeartbeatInterval(heartbeatInterval(st)))
 	}
 	// giveUp releases the group's callbacks before Close, which waits for them.
 	giveUp := func(err error) error {
@@ -442,7 +445,10 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		return giveUp(err)
 	}
+	// Before any worker can start (they wait for setUp): every read checks it.
+	s.stall.arm(stallLimit(s.cfg.SessionTimeout))
 	close(s.setUp)
+	go s.watchStalls(ctx)
 	s.log.Info("consuming", zap.String("group", s.cfg.Group), zap.String("input", s.cfg.InputTopic),
 		zap.String("output", s.cfg.OutputTopic), zap.String("dlq", s.cfg.DLQTopic), zap.Bool("exactly_once", s.cfg.ExactlyOnce))
 

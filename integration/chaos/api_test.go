@@ -1,0 +1,391 @@
+//go:build integration
+
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/velocity-consumer/velocity-consumer/integration/kafkatest"
+	"github.com/velocity-consumer/velocity-consumer/pkg/definition"
+	"github.com/velocity-consumer/velocity-consumer/pkg/window"
+)
+
+// The query API under the schedule: every instance serves it on a port of its
+// slot (the same port across its restarts), a querier sends lookups to random
+// slots during the whole run, and a poller keeps a timeline of each group's
+// committed offsets. The answers are judged after the replay (apicheck_test.go).
+
+// Querier's rate and patience. The rate is per group; the timeout is longer than
+// the longest freeze of a schedule (--session-timeout + 3 s), so that a request a
+// frozen instance holds is answered when it wakes and is judged like any other.
+const (
+	queryEvery   = 40 * time.Millisecond // 25 requests/s per group
+	queryTimeout = 10 * time.Second
+	maxInFlight  = 400 // per group; a tick beyond it is skipped (and counted)
+	commitPoll   = 250 * time.Millisecond
+)
+
+// freePort finds a TCP port on 127.0.0.1 that nothing listens on, below the
+// kernel's ephemeral range (32768 and up on Linux): a port of that range that
+// an instance gives up while it is down (killed, or between a SIGTERM and its
+// restart) may be taken by any client's outgoing connection meanwhile, and the
+// instance would then not start again.
+func freePort(rng *rand.Rand, taken map[int]bool) (int, error) {
+	for range 200 {
+		port := 20000 + rng.IntN(12000)
+		if taken[port] {
+			continue
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		taken[port] = true
+		return port, nil
+	}
+	return 0, fmt.Errorf("no free port on 127.0.0.1 in 20000-31999 after 200 tries")
+}
+
+// endpoint is one of the API's reads the querier sends.
+type endpoint int
+
+const (
+	epVelocity endpoint = iota // GET /v1/entities/{id}/velocity
+	epFeatures                 // GET /v1/entities/{id}/features (under a definition)
+	epGroup                    // GET /v1/groups/{in-place group}/entities/{id}/features (under a definition with groups)
+)
+
+func (e endpoint) String() string {
+	return [...]string{"velocity", "features", "group"}[e]
+}
+
+// apiRequest is one request the querier sent and what came back.
+type apiRequest struct {
+	mode     string // the group's: default or eos
+	slot     int
+	ep       endpoint
+	entity   string
+	url      string
+	sent     time.Time // just before the request was handed to the client
+	answered time.Time
+	err      string // a transport error (refused, timed out, reset): no answer
+	status   int
+	retry    string // Retry-After
+	ctype    string // Content-Type
+	body     []byte
+}
+
+// querier sends lookups for one group at a steady rate to random slots, live or
+// not, until stopped.
+type querier struct {
+	mode    string
+	bases   [slots]string // http://127.0.0.1:<port> of each slot
+	eps     []endpoint
+	group   string // the in-place group's name on /v1/groups/... (epGroup)
+	pick    func(*rand.Rand) string
+	rng     *rand.Rand
+	client  *http.Client
+	mu      sync.Mutex
+	reqs    []*apiRequest
+	skipped int
+	wg      sync.WaitGroup
+	stop    chan struct{}
+	done    chan struct{}
+	halted  sync.Once
+}
+
+func newQuerier(mode string, bases [slots]string, eps []endpoint, group string, pick func(*rand.Rand) string, seed uint64) *querier {
+	return &querier{
+		mode: mode, bases: bases, eps: eps, group: group, pick: pick,
+		rng: rand.New(rand.NewPCG(seed, 0x717565727920)),
+		client: &http.Client{Timeout: queryTimeout, Transport: &http.Transport{
+			MaxIdleConnsPerHost: 8, IdleConnTimeout: 30 * time.Second,
+			DialContext: (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
+		}},
+		stop: make(chan struct{}), done: make(chan struct{}),
+	}
+}
+
+func (q *querier) path(ep endpoint, entity string) string {
+	id := url.PathEscape(entity)
+	switch ep {
+	case epFeatures:
+		return "/v1/entities/" + id + "/features"
+	case epGroup:
+		return "/v1/groups/" + url.PathEscape(q.group) + "/entities/" + id + "/features"
+	}
+	return "/v1/entities/" + id + "/velocity"
+}
+
+// run sends a request every queryEvery, each on a goroutine of its own, until
+// halt; then it waits for those in flight.
+func (q *querier) run() {
+	defer close(q.done)
+	tick := time.NewTicker(queryEvery)
+	defer tick.Stop()
+	inFlight := make(chan struct{}, maxInFlight)
+	for {
+		select {
+		case <-q.stop:
+			q.wg.Wait()
+			return
+		case <-tick.C:
+		}
+		slot := q.rng.IntN(slots)
+		ep := q.eps[q.rng.IntN(len(q.eps))]
+		entity := q.pick(q.rng)
+		select {
+		case inFlight <- struct{}{}:
+		default:
+			q.mu.Lock()
+			q.skipped++
+			q.mu.Unlock()
+			continue
+		}
+		req := &apiRequest{mode: q.mode, slot: slot, ep: ep, entity: entity, url: q.bases[slot] + q.path(ep, entity)}
+		q.wg.Add(1)
+		go func() {
+			defer q.wg.Done()
+			defer func() { <-inFlight }()
+			q.send(req)
+			q.mu.Lock()
+			q.reqs = append(q.reqs, req)
+			q.mu.Unlock()
+		}()
+	}
+}
+
+func (q *querier) send(req *apiRequest) {
+	hr, err := http.NewRequest(http.MethodGet, req.url, nil)
+	if err != nil {
+		req.err = err.Error()
+		return
+	}
+	req.sent = time.Now()
+	resp, err := q.client.Do(hr)
+	if err == nil {
+		req.body, err = io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		resp.Body.Close()
+		req.status, req.retry, req.ctype = resp.StatusCode, resp.Header.Get("Retry-After"), resp.Header.Get("Content-Type")
+	}
+	req.answered = time.Now()
+	if err != nil {
+		req.err, req.status = err.Error(), 0
+	}
+}
+
+// halt stops the querier and returns every request it sent.
+func (q *querier) halt() ([]*apiRequest, int) {
+	q.halted.Do(func() { close(q.stop) })
+	<-q.done
+	q.client.CloseIdleConnections()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.reqs, q.skipped
+}
+
+// commitPoint is one answer of the group coordinator: the committed offsets
+// (the next offset to consume) of a group's input partitions, as known when the
+// answer arrived.
+type commitPoint struct {
+	at      time.Time // when the answer arrived: every offset in it was committed before
+	offsets map[int32]int64
+}
+
+// commitTimeline is a group's committed offsets over the run, in order.
+type commitTimeline struct {
+	mu     sync.Mutex
+	points []commitPoint
+}
+
+// before returns the committed offset of partition p according to the last
+// answer that arrived before t, and whether there is one: what the group had
+// certainly committed by t.
+func (c *commitTimeline) before(p int32, t time.Time) (int64, time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := len(c.points) - 1; i >= 0; i-- {
+		if c.points[i].at.Before(t) {
+			o, ok := c.points[i].offsets[p]
+			return o, c.points[i].at, ok
+		}
+	}
+	return 0, time.Time{}, false
+}
+
+// pollCommits asks for the committed offsets of every group's input
+// partitions every commitPoll until ctx ends, riding out a broker restart.
+func pollCommits(ctx context.Context, adm *kadm.Client, topic string, groups map[string]*commitTimeline) {
+	for ctx.Err() == nil {
+		for name, tl := range groups {
+			pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			resp, err := adm.FetchOffsets(pctx, name)
+			cancel()
+			if err != nil || resp.Error() != nil {
+				continue
+			}
+			pt := commitPoint{at: time.Now(), offsets: map[int32]int64{}}
+			resp.Each(func(o kadm.OffsetResponse) {
+				if o.Topic == topic && o.Err == nil && o.At >= 0 {
+					pt.offsets[o.Partition] = o.At
+				}
+			})
+			tl.mu.Lock()
+			tl.points = append(tl.points, pt)
+			tl.mu.Unlock()
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(commitPoll):
+		}
+	}
+}
+
+// apiPartition is where the query API looks an entity up: Kafka's default
+// partitioner over its id (docs/api.md), here franz-go's, not the service's.
+func apiPartition(entity string) int32 {
+	return int32(kgo.StickyKeyPartitioner(nil).ForTopic("").Partition(&kgo.Record{Key: []byte(entity)}, partitions))
+}
+
+// entityPicker draws the entities the querier asks for: half of them among the
+// generator's entities that live where the API looks for them (the generator
+// places an entity by its own hash, so only about a quarter do; of those, half
+// of the draws among the hot ones when there are any), a third among all its
+// entities (most of them live in another partition, where the API's partition
+// does not know them), and the rest ids that were never produced.
+func entityPicker(g *generator) func(*rand.Rand) string {
+	var aligned, hot, all []string
+	for p, es := range g.entities {
+		for i, e := range es {
+			all = append(all, e)
+			if apiPartition(e) == int32(p) {
+				aligned = append(aligned, e)
+				if i < 10 {
+					hot = append(hot, e)
+				}
+			}
+		}
+	}
+	return func(rng *rand.Rand) string {
+		switch x := rng.IntN(6); {
+		case x < 3 && len(aligned) > 0:
+			if len(hot) > 0 && rng.IntN(2) == 0 {
+				return hot[rng.IntN(len(hot))]
+			}
+			return aligned[rng.IntN(len(aligned))]
+		case x < 5:
+			return all[rng.IntN(len(all))]
+		default:
+			return fmt.Sprintf("never-%06d", rng.IntN(1_000_000))
+		}
+	}
+}
+
+// at is t relative to the run's start, as the timeline writes it ("+12.3s").
+func (tl *timeline) at(t time.Time) string {
+	if t.IsZero() {
+		return "never"
+	}
+	return fmt.Sprintf("+%.3fs", t.Sub(tl.begin).Seconds())
+}
+
+// startQueries starts the committed-offset poller and each group's querier.
+func (r *run) startQueries(seed uint64) {
+	eps := []endpoint{epVelocity}
+	inPlace := ""
+	if r.v.features != "" {
+		eps = append(eps, epFeatures)
+		def, err := definition.LoadFile(r.v.features)
+		r.must(err)
+		if len(def.Groups) > 0 {
+			// The in-place group through the groups route. The re-keyed groups'
+			// answers are not asked for: see docs/fault-checker.md, "What it does
+			// not cover".
+			eps = append(eps, epGroup)
+			inPlace = def.Group
+		}
+	}
+	pick := entityPicker(r.prod.gen)
+	floors := map[string]*commitTimeline{}
+	for i, g := range r.groups {
+		floors[g.name] = g.commits
+		g.q = newQuerier(g.mode, g.api, eps, inPlace, pick, seed+uint64(i))
+		go g.q.run()
+	}
+	ctx, cancel := context.WithCancel(r.ctx)
+	adm := kafkatest.Admin(r.t, r.b.Addr)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		pollCommits(ctx, adm, r.input, floors)
+	}()
+	var once sync.Once
+	r.stopPoll = func() { once.Do(func() { cancel(); <-done }) }
+	// A run that ends early (t.Fatal) stops them too.
+	r.t.Cleanup(func() {
+		for _, g := range r.groups {
+			g.q.halt()
+		}
+		r.stopPoll()
+	})
+	r.tl.logf("query API: slots default %v, eos %v; %d requests/s per group to random slots (%v)",
+		r.groups[0].api, r.groups[1].api, time.Second/queryEvery, eps)
+}
+
+// stopQueries stops the queriers (waiting for the requests in flight) and the
+// poller, keeps what they got, and writes every request to api-<mode>.log in
+// the run's directory, for the reader of a failure.
+func (r *run) stopQueries() {
+	for _, g := range r.groups {
+		g.reqs, g.skipped = g.q.halt()
+		slices.SortFunc(g.reqs, func(a, b *apiRequest) int { return a.sent.Compare(b.sent) })
+		var b strings.Builder
+		b.WriteString("# sent\tanswered\tslot\tendpoint\tentity\tstatus\tretry-after\tbody or error\n")
+		for _, q := range g.reqs {
+			what := q.err
+			if what == "" {
+				what = string(bytes.TrimSpace(q.body))
+			}
+			fmt.Fprintf(&b, "%s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\n", r.tl.at(q.sent), r.tl.at(q.answered), q.slot, q.ep, q.entity, q.status, q.retry, what)
+		}
+		if err := os.WriteFile(filepath.Join(r.dir, "api-"+g.mode+".log"), []byte(b.String()), 0o644); err != nil {
+			r.t.Logf("write the query API's log: %v", err)
+		}
+	}
+	r.stopPoll()
+	r.tl.logf("query API: %d and %d requests sent (api-default.log, api-eos.log)", len(r.groups[0].reqs), len(r.groups[1].reqs))
+}
+
+// apiModel builds the model of the whole input the answers are judged by.
+func (r *run) apiModel(ends map[int32]int64, replay map[srcKey][]output, gen map[srcKey]string) (*apiModel, error) {
+	if r.v.features == "" {
+		specs, err := window.ParseSpecs(window.DefaultSpecs)
+		if err != nil {
+			return nil, err
+		}
+		return newAPIModel(ends, replay, gen, r.prod.gen.txs, specs, nil)
+	}
+	def, err := definition.LoadFile(r.v.features)
+	if err != nil {
+		return nil, err
+	}
+	return newAPIModel(ends, replay, gen, r.prod.gen.txs, def.Windows, def)
+}
