@@ -394,7 +394,7 @@ func (s apiStats) String() string {
 // judge checks one request's answer against the model and the group's
 // committed offsets; the invariants are written above the code that checks
 // them.
-func (m *apiModel) judge(req *apiRequest, floors *commitTimeline, st *apiStats) []answerVerdict {
+func (m *apiModel) judge(req *apiRequest, floors *commitTimeline, rel func(time.Time) string, st *apiStats) []answerVerdict {
 	if req.err != "" {
 		// No answer: a killed instance refuses, a frozen one times out, a stopping
 		// one resets. Nothing to judge.
@@ -482,7 +482,7 @@ func (m *apiModel) judge(req *apiRequest, floors *commitTimeline, st *apiStats) 
 		if last+1 < floor {
 			out = append(out, answerVerdict{"answer from a previous owner's state", fmt.Sprintf(
 				"last_offset %d, but the group had committed offset %d for partition %d by %s, before the request was sent: want last_offset ≥ %d",
-				last, floor, p, at.Format("15:04:05.000"), floor-1)})
+				last, floor, p, rel(at), floor-1)})
 		}
 	}
 
@@ -678,7 +678,7 @@ func (m *apiModel) checkAnswers(reqs []*apiRequest, floors *commitTimeline, rel 
 	kinds := map[string]*bad{}
 	var order []string
 	for _, req := range reqs {
-		for _, v := range m.judge(req, floors, st) {
+		for _, v := range m.judge(req, floors, rel, st) {
 			b := kinds[v.kind]
 			if b == nil {
 				b = &bad{}

@@ -359,7 +359,7 @@ type run struct {
 func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, v variant, seed uint64, env chaosEnv) {
 	store := v.store
 	sched := makeSchedule(seed, env.duration, planTimes{session: sessionTimeout, idle: idleTimeout})
-	repro := fmt.Sprintf("VELOCITY_REQUIRE_KAFKA=1 VELOCITY_CHAOS_SEED=%d VELOCITY_CHAOS_DURATION=%s go test -tags integration -count=1 -v -run 'TestChaos/%s/' ./integration/chaos/",
+	repro := fmt.Sprintf("VELOCITY_REQUIRE_KAFKA=1 VELOCITY_CHAOS_SEED=%d VELOCITY_CHAOS_DURATION=%s go test -tags integration -count=1 -v -run 'TestChaos/^%s$/' ./integration/chaos/",
 		seed, env.duration, v.name)
 	fmt.Fprintf(os.Stderr, "chaos: store %s, seed %d (reproduce: %s)\n", store, seed, repro)
 	t.Logf("chaos: store %s, seed %d; reproduce with:\n  %s\n%s", store, seed, repro, sched)
