@@ -5,7 +5,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -44,16 +43,6 @@ func schemathesis(t *testing.T) string {
 	}
 	t.Skip("skipping: " + msg)
 	return ""
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // TestQueryAPIFuzz runs schemathesis against the OpenAPI document (api/openapi.yaml)
@@ -149,7 +138,7 @@ func fuzzQueryAPI(t *testing.T, semantics []string, records func(t *testing.T, i
 		t.Fatal(err)
 	}
 	bin := replayBinary(t)
-	port := freePort(t)
+	port := kafkatest.FreePorts(t, 1)[0]
 	base := "http://127.0.0.1:" + strconv.Itoa(port)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -76,7 +76,7 @@ func TestFeaturesAPIOnTheBroker(t *testing.T) {
 	in := kafkatest.CreateTopic(t, addr, partitions, nil)
 	out, dlq := kafkatest.CreateTopic(t, addr, 1, nil), kafkatest.CreateTopic(t, addr, 1, nil)
 	ctx := kafkatest.Context(t, 4*time.Minute)
-	port := freePort(t)
+	port := kafkatest.FreePorts(t, 1)[0]
 	base := "http://127.0.0.1:" + strconv.Itoa(port)
 	cmd := exec.CommandContext(ctx, bin, "run", "--brokers", addr, "--group", kafkatest.Group(t), "--input-topic", in,
 		"--output-topic", out, "--dlq-topic", dlq, "--checkpoint-store", "memory", "--metrics-addr", "",

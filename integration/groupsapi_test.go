@@ -101,7 +101,7 @@ func TestGroupsAPIOnTheBroker(t *testing.T) {
 	out, dlq := "api-"+group, "api-dlq-"+group
 	var bases []string
 	for i := range 2 {
-		port := freePort(t)
+		port := kafkatest.FreePorts(t, 1)[0]
 		bases = append(bases, "http://127.0.0.1:"+strconv.Itoa(port))
 		args := append([]string{"run", "--brokers", addr, "--group", group, "--input-topic", in, "--output-topic", out, "--dlq-topic", dlq,
 			"--checkpoint-store", "memory", "--metrics-addr", "", "--idle-timeout", "3s",

@@ -7,12 +7,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -46,7 +46,8 @@ func TestPrometheusEvaluatesRules(t *testing.T) {
 	addr := kafkatest.Broker(t)
 	in, out, dlq := kafkatest.CreateTopic(t, addr, 1, nil), kafkatest.CreateTopic(t, addr, 1, nil), kafkatest.CreateTopic(t, addr, 1, nil)
 	bin := replayBinary(t)
-	metricsAddr, promAddr := freeAddr(t), freeAddr(t)
+	ports := kafkatest.FreePorts(t, 2)
+	metricsAddr, promAddr := "127.0.0.1:"+strconv.Itoa(ports[0]), "127.0.0.1:"+strconv.Itoa(ports[1])
 
 	cmd := exec.Command(bin, "run", "--brokers", addr, "--input-topic", in, "--output-topic", out, "--dlq-topic", dlq,
 		"--group", kafkatest.Group(t), "--checkpoint-store", "memory", "--checkpoint-interval", "1s",
@@ -224,16 +225,6 @@ scrape_configs:
 		t.Errorf("Prometheus loaded %d rules, alerts.yml has %d", loaded, len(rs))
 	}
 	t.Logf("%d rules and %d dashboard queries evaluated on a real Prometheus scraping a running instance", len(rs), len(qs))
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // stopProcess ends cmd with SIGTERM when the test ends (SIGKILL after 30 s), and

@@ -49,7 +49,7 @@ func startPrivateBroker(t testing.TB, extraPorts int, extraEnv func(ports []int,
 	if err != nil {
 		t.Fatalf("kafkatest: %v", err)
 	}
-	ports := freePorts(t, 2+extraPorts)
+	ports := FreePorts(t, 2+extraPorts)
 	port, cport := ports[0], ports[1]
 	b := &PrivateBroker{state: t.TempDir()}
 	environ := os.Environ()
@@ -190,8 +190,8 @@ func (b *PrivateBroker) Kill(t testing.TB) {
 	}
 }
 
-// freePorts returns n distinct ports that were free a moment ago on 127.0.0.1.
-func freePorts(t testing.TB, n int) []int {
+// FreePorts returns n distinct ports that were free a moment ago on 127.0.0.1.
+func FreePorts(t testing.TB, n int) []int {
 	t.Helper()
 	var ports []int
 	for range n {

@@ -96,21 +96,14 @@ func TestExactlyOnceSurvivesAFencedTransaction(t *testing.T) {
 // running. Default mode: every input offset has at least one output, each
 // byte-identical to a clean run's. Exactly-once: read_committed has exactly one.
 func TestInstanceFrozenPastItsSession(t *testing.T) {
-	for _, eos := range []bool{false, true} {
-		name := "at-least-once"
-		if eos {
-			name = "exactly-once"
-		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			rc := newRestoreCase(t, 40_000, "1m:1s,5m:5s", eos)
-			ends := rc.runFrozen()
-			want := readOutputs(t, rc.ctx, rc.addr, rc.clean, false, ends)
-			got := readOutputs(t, rc.ctx, rc.addr, rc.resumed, eos, ends)
-			checkOutputs(t, ends, got, want, eos)
-			checkFinalState(t, got, want)
-		})
-	}
+	inBothModes(t, func(t *testing.T, _ string, eos bool) {
+		rc := newRestoreCase(t, 40_000, "1m:1s,5m:5s", eos)
+		ends := rc.runFrozen()
+		want := readOutputs(t, rc.ctx, rc.addr, rc.clean, false, ends)
+		got := readOutputs(t, rc.ctx, rc.addr, rc.resumed, eos, ends)
+		checkOutputs(t, ends, got, want, eos)
+		checkFinalState(t, got, want)
+	})
 }
 
 // runFrozen runs instances a and b of the resumed group and the clean one

@@ -69,6 +69,22 @@ func init() {
 	}
 }
 
+// inBothModes runs f as parallel subtests named for the mode, default
+// (at-least-once) first, then exactly-once: every recovery property is held in
+// both.
+func inBothModes(t *testing.T, f func(t *testing.T, name string, eos bool)) {
+	for _, eos := range []bool{false, true} {
+		name := "at-least-once"
+		if eos {
+			name = "exactly-once"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			f(t, name, eos)
+		})
+	}
+}
+
 // buildBinary builds the service once for this test into t.TempDir().
 func buildBinary(t *testing.T) string {
 	t.Helper()

@@ -22,51 +22,44 @@ import (
 // restart publishes nothing, because the state after the idle release was
 // saved.
 func TestQuietPartitionTailIsCommitted(t *testing.T) {
-	for _, eos := range []bool{false, true} {
-		name := "at-least-once"
-		if eos {
-			name = "exactly-once"
+	inBothModes(t, func(t *testing.T, name string, eos bool) {
+		r := newRig(t, 3*time.Minute)
+		addr, bin, ctx, adm, input := r.addr, r.bin, r.ctx, r.adm, r.input
+		sc := r.group(name, eos, "kafka")
+		// A real reorder wait and idle release, which the other
+		// recovery tests turn off to stay deterministic.
+		args := r.args(sc, "--allowed-lateness", "1s", "--idle-timeout", "1s")
+		in := newInstance(t, bin, name, args)
+		sc.instances = []*instance{in}
+		t.Cleanup(func() { in.kill(syscall.SIGKILL) })
+
+		var progress atomic.Int64
+		recs := genStream(21, 2000)
+		in.start()
+		if err := produce(ctx, addr, input, recs, 0, &progress); err != nil {
+			t.Fatalf("produce: %v", err)
 		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			r := newRig(t, 3*time.Minute)
-			addr, bin, ctx, adm, input := r.addr, r.bin, r.ctx, r.adm, r.input
-			sc := r.group(name, eos, "kafka")
-			// A real reorder wait and idle release, which the other
-			// recovery tests turn off to stay deterministic.
-			args := r.args(sc, "--allowed-lateness", "1s", "--idle-timeout", "1s")
-			in := newInstance(t, bin, name, args)
-			sc.instances = []*instance{in}
-			t.Cleanup(func() { in.kill(syscall.SIGKILL) })
+		ends := endOffsets(t, ctx, adm, input)
+		if err := waitCommitted(ctx, adm, sc.group, input, ends); err != nil {
+			t.Fatalf("%v; end of its log:\n%s", err, tailLog(in.logs, 15))
+		}
+		// A checkpoint interval and an idle timeout after the input
+		// stopped, with slack for a loaded machine.
+		time.Sleep(1*time.Second + 1*time.Second + 3*time.Second)
+		first := checkCovered(t, ctx, addr, sc, ends, "while running, input quiet")
 
-			var progress atomic.Int64
-			recs := genStream(21, 2000)
-			in.start()
-			if err := produce(ctx, addr, input, recs, 0, &progress); err != nil {
-				t.Fatalf("produce: %v", err)
-			}
-			ends := endOffsets(t, ctx, adm, input)
-			if err := waitCommitted(ctx, adm, sc.group, input, ends); err != nil {
-				t.Fatalf("%v; end of its log:\n%s", err, tailLog(in.logs, 15))
-			}
-			// A checkpoint interval and an idle timeout after the input
-			// stopped, with slack for a loaded machine.
-			time.Sleep(1*time.Second + 1*time.Second + 3*time.Second)
-			first := checkCovered(t, ctx, addr, sc, ends, "while running, input quiet")
+		in.kill(syscall.SIGTERM)
+		afterStop := checkCovered(t, ctx, addr, sc, ends, "after SIGTERM")
 
-			in.kill(syscall.SIGTERM)
-			afterStop := checkCovered(t, ctx, addr, sc, ends, "after SIGTERM")
-
-			in.start()
-			time.Sleep(6 * time.Second) // restored, idle, checkpointed: nothing to publish
-			in.kill(syscall.SIGTERM)
-			afterRestart := checkCovered(t, ctx, addr, sc, ends, "after a restart with no new input")
-			if afterStop != first || afterRestart != afterStop {
-				t.Errorf("outputs: %d while running, %d after SIGTERM, %d after a restart with no new input: a restart with no new input must publish nothing (the state after the idle release was not saved?)",
-					first, afterStop, afterRestart)
-			}
-		})
-	}
+		in.start()
+		time.Sleep(6 * time.Second) // restored, idle, checkpointed: nothing to publish
+		in.kill(syscall.SIGTERM)
+		afterRestart := checkCovered(t, ctx, addr, sc, ends, "after a restart with no new input")
+		if afterStop != first || afterRestart != afterStop {
+			t.Errorf("outputs: %d while running, %d after SIGTERM, %d after a restart with no new input: a restart with no new input must publish nothing (the state after the idle release was not saved?)",
+				first, afterStop, afterRestart)
+		}
+	})
 }
 
 // checkCovered reads sc's outputs (read_committed in exactly-once mode) and

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -17,6 +16,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/velocity-consumer/velocity-consumer/integration/kafkatest"
 )
 
 // TestFrozenInstanceAnswersNoStaleReads: an instance frozen (SIGSTOP) past its
@@ -30,22 +31,15 @@ import (
 // wakes up, before its first heartbeat tells it that it lost the partitions.
 // A 503 must carry Retry-After; no other server error may come.
 func TestFrozenInstanceAnswersNoStaleReads(t *testing.T) {
-	for _, eos := range []bool{false, true} {
-		name := "at-least-once"
-		if eos {
-			name = "exactly-once"
-		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			frozenStaleReads(t, eos)
-		})
-	}
+	inBothModes(t, func(t *testing.T, _ string, eos bool) {
+		frozenStaleReads(t, eos)
+	})
 }
 
 func frozenStaleReads(t *testing.T, eos bool) {
 	r := newRig(t, 3*time.Minute)
 	sc := r.group("zombie", eos, "kafka")
-	ports := freePorts(t, 2)
+	ports := kafkatest.FreePorts(t, 2)
 	urls := []string{"http://127.0.0.1:" + strconv.Itoa(ports[0]), "http://127.0.0.1:" + strconv.Itoa(ports[1])}
 	a := newInstance(t, r.bin, "a", r.args(sc, "--api-addr", "127.0.0.1:"+strconv.Itoa(ports[0])))
 	b := newInstance(t, r.bin, "b", r.args(sc, "--api-addr", "127.0.0.1:"+strconv.Itoa(ports[1])))
@@ -206,24 +200,6 @@ func anyShort(m map[int32][]string, parts []int32, n int) bool {
 		}
 	}
 	return false
-}
-
-// freePorts returns n TCP ports that nothing listens on at 127.0.0.1 now.
-func freePorts(t *testing.T, n int) []int {
-	var ports []int
-	var lns []net.Listener
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	for _, ln := range lns {
-		ln.Close()
-	}
-	return ports
 }
 
 // lookup is GET /v1/entities/{id}/velocity: its status (0: no answer),
