@@ -33,11 +33,11 @@ import (
 // committed offsets. The answers are judged after the replay (apicheck_test.go).
 
 // Querier's rate and patience. The rate is per group; the timeout is longer than
-// the longest freeze of a schedule (--session-timeout + 3 s), so that a request a
+// the longest freeze of a schedule (--session-timeout + 5 s), so that a request a
 // frozen instance holds is answered when it wakes and is judged like any other.
 const (
 	queryEvery   = 40 * time.Millisecond // 25 requests/s per group
-	queryTimeout = 10 * time.Second
+	queryTimeout = 15 * time.Second
 	maxInFlight  = 400 // per group; a tick beyond it is skipped (and counted)
 	commitPoll   = 250 * time.Millisecond
 )

@@ -82,7 +82,8 @@ type planTimes struct {
 // reaches at least minLength (always one round at least). Each round holds, in
 // a seeded order, two SIGKILLs, a SIGSTOP past the session timeout, a broker
 // restart, a graceful restart of every instance with no input, and a scale-up
-// 1 → 3 followed later by a scale-down 3 → 1, each inside a burst or a quiet
+// 1 → 3 followed later by a scale-down 3 → 1 (in the first round and every
+// other one after it the SIGSTOP falls between the two), each inside a burst or a quiet
 // period longer than the idle timeout, with plain bursts and quiet periods
 // between them. The schedule ends with one instance running.
 func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
@@ -103,6 +104,15 @@ func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
 		up := slices.Index(events, faultScaleUp)
 		down := up + 1 + rng.IntN(len(events)-up)
 		events = slices.Insert(events, down, faultScaleDown)
+		if round%2 == 0 {
+			// Every other round, the first (often the only one) included, freezes one of three instances: only then is
+			// there another owner to take the frozen one's partitions over
+			// and commit past its state before it wakes (a zombie), which a
+			// shuffle alone gave about one round in five.
+			events = slices.DeleteFunc(events, func(k faultKind) bool { return k == faultFreeze })
+			up, down = slices.Index(events, faultScaleUp), slices.Index(events, faultScaleDown)
+			events = slices.Insert(events, up+1+rng.IntN(down-up), faultFreeze)
+		}
 		for _, ev := range events {
 			if rng.IntN(3) == 0 {
 				if rng.IntN(3) == 0 {
@@ -122,7 +132,9 @@ func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
 			case faultKill:
 				p.At, p.Slot, p.Dur = ms(0, int(p.Length.Milliseconds())), pick(), ms(0, 1500)
 			case faultFreeze:
-				p.At, p.Slot, p.Dur = ms(0, int(p.Length.Milliseconds()/2)), pick(), pt.session+ms(500, 3000)
+				// 1.5-5 s past the session timeout: the new owner needs a few
+				// seconds after the rebalance to commit past the frozen state.
+				p.At, p.Slot, p.Dur = ms(0, int(p.Length.Milliseconds()/2)), pick(), pt.session+ms(1500, 5000)
 			case faultBroker:
 				p.At, p.Dur = ms(0, int(p.Length.Milliseconds())), ms(1000, 3000)
 			case faultGraceful:
@@ -183,9 +195,12 @@ func TestChaosSchedule(t *testing.T) {
 			t.Fatalf("seed %d: planned %s, want at least 3m", seed, a.length())
 		}
 		seen := map[faultKind]int{}
-		running := 1
+		running, freezesOfThree := 1, 0
 		for i, p := range a.Phases {
 			seen[p.Fault]++
+			if p.Fault == faultFreeze && running == 3 {
+				freezesOfThree++
+			}
 			switch p.Fault {
 			case faultKill, faultFreeze:
 				if p.Slot >= running {
@@ -214,6 +229,9 @@ func TestChaosSchedule(t *testing.T) {
 		}
 		if running != 1 {
 			t.Fatalf("seed %d: ends with %d instances", seed, running)
+		}
+		if rounds := seen[faultFreeze]; freezesOfThree < (rounds+1)/2 {
+			t.Fatalf("seed %d: %d of %d freezes with three instances running, want at least %d", seed, freezesOfThree, rounds, (rounds+1)/2)
 		}
 		for _, k := range []faultKind{faultKill, faultFreeze, faultScaleUp, faultScaleDown, faultBroker, faultGraceful} {
 			if seen[k] == 0 {
