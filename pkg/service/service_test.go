@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap/zaptest"
@@ -184,6 +186,48 @@ func testRestart(t *testing.T, eos bool) {
 	startService(t, cfg)
 	got := readOutputs(t, brokers, len(st.Records), 60*time.Second)
 	streamtest.Check(t, st, cfg.Specs, got, true)
+}
+
+// TestServiceResumesFromTheSnapshotWhenTheGroupLostItsOffsets: the brokers
+// delete an empty group's offsets after offsets.retention.minutes (modelled
+// here by deleting the group while the service is stopped). The snapshots are
+// still in the store, so the restarted service resumes from them in both modes:
+// every input offset keeps exactly one output under read_committed, instead of
+// a rebuild from the start of the log publishing the first half again.
+func TestServiceResumesFromTheSnapshotWhenTheGroupLostItsOffsets(t *testing.T) {
+	for _, eos := range []bool{false, true} {
+		t.Run(fmt.Sprintf("exactly-once=%v", eos), func(t *testing.T) {
+			const partitions = 2
+			brokers := newCluster(t, partitions)
+			st := streamtest.Generate(inTopic, 5, 2000, partitions)
+			store, err := checkpoint.NewFileStore(t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := testConfig(t, brokers, store)
+			cfg.ExactlyOnce = eos
+			produce(t, brokers, st.Records[:1000])
+			_, stop := startService(t, cfg)
+			readOutputs(t, brokers, 1000, 30*time.Second)
+			stop()
+
+			adm := kadm.NewClient(newClient(t, brokers))
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if _, err := adm.DeleteGroup(ctx, cfg.Group); err != nil {
+				t.Fatalf("delete the group: %v", err)
+			}
+			// The group and its offsets are gone: the fetch finds no group.
+			if offsets, err := adm.FetchOffsets(ctx, cfg.Group); !errors.Is(err, kerr.GroupIDNotFound) && len(offsets.Sorted()) != 0 {
+				t.Fatalf("the deleted group still has committed offsets: %v (%v)", offsets.Sorted(), err)
+			}
+
+			produce(t, brokers, st.Records[1000:])
+			startService(t, cfg)
+			got := readOutputs(t, brokers, len(st.Records), 60*time.Second)
+			streamtest.Check(t, st, cfg.Specs, got, true)
+		})
+	}
 }
 
 // TestServiceCreatesMissingOutputTopics starts on a cluster that has only the
