@@ -37,6 +37,26 @@ func ForCommitted(l Loaded, committed int64, id ID, hasID bool) (snap Snapshot, 
 	return Snapshot{}, false, false
 }
 
+// CommittedBefore reports whether the stored snapshots prove that the group
+// once committed an offset for the partition: exactly-once recovery's question
+// when the group has none now. The newest snapshot and the previous one were
+// saved by one owner in a row (the same epoch, consecutive sequence numbers),
+// and an owner saves its next snapshot only after the transaction of the one
+// before committed, with its offset. The group has lost that offset since (the
+// brokers expire an empty group's offsets, or an operator deleted them), and the
+// newest snapshot is the one to resume: its own transaction committed unless
+// its owner died between saving it and committing, and then no owner took the
+// partition over before the offsets were lost.
+//
+// Anything else (one snapshot, a fall-back, two owners' snapshots) proves
+// nothing: a first checkpoint whose transaction aborted also leaves a snapshot
+// and no offset, and so do two of them by owners that each lost their first
+// transaction. Those must not be resumed.
+func CommittedBefore(l Loaded) bool {
+	prev := l.Previous
+	return !l.FellBack && prev != nil && prev.Epoch == l.Epoch && prev.Epoch != 0 && l.Seq == prev.Seq+1
+}
+
 // CommitNote is what an exactly-once offset commit records, in its metadata,
 // beside the offset: which snapshot it covers, and where the partition last
 // released its whole reorder buffer on its idle timeout.

@@ -99,3 +99,25 @@ func FuzzParseCommitMetadata(f *testing.F) {
 		}
 	})
 }
+
+func TestCommittedBefore(t *testing.T) {
+	snap := func(epoch, seq uint64) Snapshot { return Snapshot{Next: int64(10 * seq), Epoch: epoch, Seq: seq} }
+	prev := func(epoch, seq uint64) *Snapshot { s := snap(epoch, seq); return &s }
+	for _, c := range []struct {
+		name string
+		l    Loaded
+		want bool
+	}{
+		{"one owner, two in a row", Loaded{Snapshot: snap(3, 8), Previous: prev(3, 7)}, true},
+		{"one snapshot only: a first transaction may have aborted", Loaded{Snapshot: snap(3, 1)}, false},
+		{"two owners: each may have lost its first transaction", Loaded{Snapshot: snap(4, 1), Previous: prev(3, 1)}, false},
+		{"one owner, a gap", Loaded{Snapshot: snap(3, 9), Previous: prev(3, 7)}, false},
+		{"a step back's re-save before the discarded one", Loaded{Snapshot: snap(3, 7), Previous: prev(3, 8)}, false},
+		{"fell back: the newest was corrupt", Loaded{Snapshot: snap(3, 7), FellBack: true}, false},
+		{"frames from before owner epochs", Loaded{Snapshot: snap(0, 1), Previous: prev(0, 0)}, false},
+	} {
+		if got := CommittedBefore(c.l); got != c.want {
+			t.Errorf("%s: CommittedBefore = %v, want %v", c.name, got, c.want)
+		}
+	}
+}

@@ -1038,17 +1038,12 @@ func (s *Service) restore(ctx context.Context, p int32, committed int64, note ch
 		s.log.Warn("newest snapshot corrupt, restored the previous one", zap.Int32("partition", p), zap.Error(loaded.CorruptErr))
 	}
 	snap := loaded.Snapshot
-	if s.cfg.ExactlyOnce && committed < 0 {
-		// The store has a snapshot of p but the group no offset: the group's
-		// offsets expired (it was empty longer than the brokers'
-		// offsets.retention.minutes) or were deleted. Rebuilding from the
-		// reset offset would publish again every output since then, so the
-		// newest snapshot is resumed, as in the default mode. Its
-		// transaction committed unless its owner died between the save and
-		// the commit and no owner took p over since (a takeover steps the
-		// store back to the committed snapshot); only then are its last
-		// interval's outputs missing. docs/exactly-once.md, "No committed
-		// offset".
+	if s.cfg.ExactlyOnce && committed < 0 && checkpoint.CommittedBefore(loaded) {
+		// The group once committed an offset for p and has lost it (its
+		// offsets expired after offsets.retention.minutes empty, or were
+		// deleted). Rebuilding from the start of the log would publish again
+		// every output still retained, so the newest snapshot is resumed, as
+		// in the default mode (docs/exactly-once.md, "No committed offset").
 		s.log.Warn("exactly-once: the group has no committed offset for the partition but the snapshot store has a snapshot (the group's offsets expired or were deleted); resuming from the newest snapshot",
 			zap.Int32("partition", p), zap.Int64("snapshot_next", snap.Next), zap.String("snapshot", checkpoint.CommitMetadata(checkpoint.CommitNote{Snapshot: snap.ID(), IdleFlushAt: -1})))
 	} else if s.cfg.ExactlyOnce {

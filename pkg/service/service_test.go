@@ -206,8 +206,13 @@ func TestServiceResumesFromTheSnapshotWhenTheGroupLostItsOffsets(t *testing.T) {
 			}
 			cfg := testConfig(t, brokers, store)
 			cfg.ExactlyOnce = eos
-			produce(t, brokers, st.Records[:1000])
+			// A group that ran a while: several checkpoints by one owner, the
+			// state the brokers' expiry finds (checkpoint.CommittedBefore).
 			_, stop := startService(t, cfg)
+			for _, half := range [][]*kgo.Record{st.Records[:500], st.Records[500:1000]} {
+				produce(t, brokers, half)
+				time.Sleep(3 * cfg.CheckpointInterval)
+			}
 			readOutputs(t, brokers, 1000, 30*time.Second)
 			stop()
 
