@@ -55,6 +55,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -102,18 +103,25 @@ func (s *Service) newTxnProducer(ctx context.Context, p int32) (*kgo.Client, err
 
 // committedOffset reads the group's committed offset for p (-1: none) and its
 // metadata. In exactly-once mode it is called after newTxnProducer fenced the
-// previous owner, so no transaction holding an offset for p is still pending.
+// previous owner, which completes that owner's open transaction first, so no
+// transaction holding an offset for p should still be pending. The read asks
+// for stable offsets all the same (KIP-447): should one be pending (a
+// coordinator that materialises a completed transaction's offsets late), the
+// broker answers UNSTABLE_OFFSET_COMMIT, which the takeover retries, instead
+// of the offset from before that transaction, from which the partition would
+// publish the transaction's outputs a second time.
 func (s *Service) committedOffset(ctx context.Context, p int32) (int64, string, error) {
-	resp, err := s.adm.FetchOffsetsForTopics(ctx, s.cfg.Group, s.cfg.InputTopic)
+	resp, err := s.adm.FetchOffsetsForTopics(kadm.RequireStable(ctx), s.cfg.Group, s.cfg.InputTopic)
 	if err != nil {
 		return 0, "", fmt.Errorf("partition %d: fetch committed offset: %w", p, err)
 	}
 	r, ok := resp.Lookup(s.cfg.InputTopic, p)
+	// A partition's error first: its offset is -1 with it, which is not "none".
+	if ok && r.Err != nil {
+		return 0, "", fmt.Errorf("partition %d: fetch committed offset: %w", p, r.Err)
+	}
 	if !ok || r.At < 0 {
 		return -1, "", nil
-	}
-	if r.Err != nil {
-		return 0, "", fmt.Errorf("partition %d: fetch committed offset: %w", p, r.Err)
 	}
 	return r.At, r.Metadata, nil
 }
