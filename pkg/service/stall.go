@@ -49,9 +49,19 @@ package service
 // wall clock forward can only make the guard suspect until its next heartbeat
 // is answered.
 //
-// What the guard does not see: a member that its coordinator expires while the
-// process runs on (a network partition from the brokers, but not from the API's
-// callers), whose heartbeats fail rather than stop.
+// Invariant 6 (no answer out of touch with the group): a read is also answered
+// only if, when its turn of reads begins, no more than stallLimit has passed
+// since the guard sent the newest heartbeat that the coordinator answered as
+// confirming the membership (as above). A process that runs on but cannot
+// reach the coordinator (a network partition from the brokers but not from
+// the API's callers) is expired a session timeout after the coordinator last
+// heard from it, and its heartbeats fail rather than stop, so the beats alone
+// would not see it. The guard sends such a heartbeat every keepAlive (a
+// quarter of the limit, at most a heartbeat interval: one request more per
+// interval than the client's own) and keeps the send time of the last one
+// confirmed. A coordinator unreachable for longer than the limit (a broker
+// restart that moves it) refuses reads meanwhile too: they are forwarded or
+// answered 503, which is the honest answer while the membership is unknown.
 
 import (
 	"context"
@@ -100,6 +110,13 @@ func stallBeat(limit time.Duration) time.Duration {
 // confirmation fails (the client rejoining, the coordinator moving).
 const confirmEvery = 250 * time.Millisecond
 
+// keepAliveEvery is how often the guard confirms the membership while nothing
+// is suspect (invariant 6): often enough that a confirmation at most this old
+// leaves most of the limit, never more often than confirmEvery.
+func keepAliveEvery(st time.Duration) time.Duration {
+	return max(min(heartbeatInterval(st), stallLimit(st)/4), confirmEvery)
+}
+
 // stallGuard is the state behind invariant 5. The zero value is disarmed:
 // every read passes (a service that has not joined a group has no workers).
 type stallGuard struct {
@@ -109,6 +126,16 @@ type stallGuard struct {
 	beatWall atomic.Int64 // the last beat, wall clock Unix ns
 	suspect  atomic.Bool
 	stalls   atomic.Uint64 // stalls seen; a confirmation counts only for the stalls before it was sent
+	// contact is when the newest confirmed heartbeat was sent, ns since base
+	// (monotonic; invariant 6). arm sets it to base: the join that precedes any
+	// worker is the first contact.
+	contact atomic.Int64
+	// keepAlive is how often watchStalls confirms the membership while nothing
+	// is suspect (keepAliveEvery, set by Run); 0: only after a stall.
+	keepAlive time.Duration
+	// scripted keeps Run from setting keepAlive: a test that answers every
+	// confirmation itself asks for those after stalls only.
+	scripted bool
 	// now is time.Now; tests move it on to make a stall without one.
 	now func() time.Time
 	// confirm asks the coordinator whether this member is still in the group
@@ -128,7 +155,26 @@ func (g *stallGuard) clock() time.Time {
 func (g *stallGuard) arm(limit time.Duration) {
 	g.base = g.clock()
 	g.beat(g.base)
+	g.contact.Store(0)
 	g.limit.Store(int64(limit))
+}
+
+// confirmed records a confirmation of a heartbeat sent at sent (invariant 6).
+// Answers may come back out of order: the newest send time wins.
+func (g *stallGuard) confirmed(sent time.Time) {
+	at := int64(sent.Sub(g.base))
+	for {
+		old := g.contact.Load()
+		if at <= old || g.contact.CompareAndSwap(old, at) {
+			return
+		}
+	}
+}
+
+// outOfTouch is how long it has been at now since the newest confirmed
+// heartbeat was sent (monotonic).
+func (g *stallGuard) outOfTouch(now time.Time) time.Duration {
+	return now.Sub(g.base) - time.Duration(g.contact.Load())
 }
 
 func (g *stallGuard) beat(now time.Time) {
@@ -144,8 +190,8 @@ func (g *stallGuard) gap(now time.Time) time.Duration {
 	return max(mono, wall)
 }
 
-// ok reports whether a turn of reads beginning now may be served (invariant 5).
-// It costs a clock read and three atomic loads, and allocates nothing.
+// ok reports whether a turn of reads beginning now may be served (invariants 5
+// and 6). It costs a clock read and four atomic loads, and allocates nothing.
 func (g *stallGuard) ok() bool {
 	limit := time.Duration(g.limit.Load())
 	if limit <= 0 {
@@ -153,7 +199,8 @@ func (g *stallGuard) ok() bool {
 	}
 	// The beat first, then the mark: the guard sets the mark before it records
 	// the beat that ends a long gap.
-	if g.gap(g.clock()) > limit {
+	now := g.clock()
+	if g.gap(now) > limit || g.outOfTouch(now) > limit {
 		return false
 	}
 	return !g.suspect.Load()
@@ -171,7 +218,8 @@ func (s *Service) watchStalls(ctx context.Context) {
 	tick := time.NewTicker(stallBeat(limit))
 	defer tick.Stop()
 	type answer struct {
-		stalls uint64 // the stalls seen when it was sent
+		stalls uint64    // the stalls seen when it was sent
+		sent   time.Time // when it was sent
 		err    error
 	}
 	var (
@@ -180,6 +228,7 @@ func (s *Service) watchStalls(ctx context.Context) {
 		lastAsk      time.Time
 		suspectSince time.Time     // when the mark was set
 		stalled      time.Duration // the stalls' total since then
+		outOfTouch   bool          // invariant 6 refuses reads now (for the log)
 	)
 	confirm := g.confirm
 	if confirm == nil {
@@ -192,6 +241,9 @@ func (s *Service) watchStalls(ctx context.Context) {
 		case <-tick.C:
 		case a := <-answers:
 			asking = false
+			if a.err == nil {
+				g.confirmed(a.sent)
+			}
 			switch {
 			case a.err != nil:
 				s.log.Debug("stall guard: the group coordinator did not confirm the membership yet; reads stay refused", zap.Error(a.err))
@@ -215,13 +267,27 @@ func (s *Service) watchStalls(ctx context.Context) {
 				zap.Duration("stalled", gap), zap.Duration("limit", limit))
 		}
 		g.beat(now)
-		if g.suspect.Load() && !asking && now.Sub(lastAsk) >= confirmEvery {
+		switch far := g.outOfTouch(now); {
+		case far > limit && !outOfTouch:
+			outOfTouch = true
+			s.log.Warn("the group coordinator has confirmed no heartbeat for longer than the group can be sure to keep its partitions (--session-timeout less 1.5 heartbeat intervals); the query API refuses reads until it does",
+				zap.Duration("since", far), zap.Duration("limit", limit))
+		case far <= limit && outOfTouch:
+			outOfTouch = false
+			s.log.Info("the group coordinator confirmed the membership again; reads are served again")
+		}
+		every := confirmEvery
+		if !g.suspect.Load() && g.outOfTouch(now) <= limit {
+			every = g.keepAlive
+		}
+		if every > 0 && !asking && now.Sub(lastAsk) >= every {
 			asking, lastAsk = true, now
 			n := g.stalls.Load()
 			go func() {
 				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 				defer cancel()
-				answers <- answer{n, confirm(cctx)}
+				err := confirm(cctx)
+				answers <- answer{n, now, err}
 			}()
 		}
 	}

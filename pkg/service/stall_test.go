@@ -46,25 +46,32 @@ func TestStallGuardOK(t *testing.T) {
 		armed   bool
 		after   time.Duration // since the last beat
 		suspect bool
+		touch   time.Duration // since the newest confirmed heartbeat was sent, before the beat
 		want    bool
 	}{
-		{"disarmed, long after", false, time.Hour, false, true},
-		{"just beaten", true, 0, false, true},
-		{"just within the limit", true, limit - 100*time.Millisecond, false, true},
-		{"past the limit", true, limit + time.Millisecond, false, false},
-		{"marked", true, 0, true, false},
-		{"marked and past the limit", true, time.Minute, true, false},
+		{"disarmed, long after", false, time.Hour, false, 0, true},
+		{"just beaten", true, 0, false, 0, true},
+		{"just within the limit", true, limit - 100*time.Millisecond, false, 0, true},
+		{"past the limit", true, limit + time.Millisecond, false, 0, false},
+		{"marked", true, 0, true, 0, false},
+		{"marked and past the limit", true, time.Minute, true, 0, false},
+		{"beaten, confirmed within the limit", true, 0, false, limit - 100*time.Millisecond, true},
+		{"beaten, but confirmed no heartbeat for longer than the limit", true, 0, false, limit + 100*time.Millisecond, false},
+		{"disarmed, never confirmed", false, 0, false, time.Hour, true},
 	} {
 		var shift atomic.Int64
 		g := &stallGuard{now: func() time.Time { return time.Now().Add(time.Duration(shift.Load())) }}
 		if c.armed {
 			g.arm(limit)
 		}
+		// The last confirmed heartbeat was sent c.touch before the beat: the
+		// guard's clock moves on by that much, beating all along.
+		shift.Store(int64(c.touch))
 		// A read c.after after the beat sees at least that gap (the real clock,
 		// microseconds here, only adds to it).
 		g.beat(g.clock())
 		g.suspect.Store(c.suspect)
-		shift.Store(int64(c.after))
+		shift.Add(int64(c.after))
 		if got := g.ok(); got != c.want {
 			t.Errorf("%s: ok() = %v, want %v", c.name, got, c.want)
 		}
@@ -93,6 +100,7 @@ func TestReadsRefusedAfterAStall(t *testing.T) {
 	// process sees when it wakes up: no beat for that long.
 	var shift atomic.Int64
 	svc.stall.now = func() time.Time { return time.Now().Add(time.Duration(shift.Load())) }
+	svc.stall.scripted = true
 	// The test answers each confirmation the guard asks for: asked tells it one
 	// is out (its stall count taken), confirms is the coordinator's answer.
 	asked, confirms := make(chan struct{}), make(chan error)
@@ -201,5 +209,74 @@ func TestConfirmMembership(t *testing.T) {
 	loner := &Service{cfg: cfg, cons: cl}
 	if err := loner.confirmMembership(ctx); !errors.Is(err, errNoMember) {
 		t.Fatalf("a client in no group: %v, want errNoMember", err)
+	}
+}
+
+// TestReadsRefusedOutOfTouchWithTheCoordinator: a process that runs on but can
+// no longer reach the group coordinator (a network partition from the brokers,
+// not from the API's callers) is expired by the group a session timeout after
+// its last heartbeat arrived, and its partitions go to another member, while
+// its own heartbeats fail rather than stop (invariant 6, stall.go). Its reads
+// are refused once no heartbeat has been confirmed for the stall limit, with
+// no stall counted, and served again once one is. Before invariant 6 every
+// read was served from the partition's state throughout.
+func TestReadsRefusedOutOfTouchWithTheCoordinator(t *testing.T) {
+	brokers := newCluster(t, 1)
+	st := streamtest.Generate(inTopic, 4, 200, 1)
+	produce(t, brokers, st.Records)
+	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
+	cfg.SessionTimeout = 6 * time.Second // the limit 3 s, a keep-alive every 750 ms
+	m := metrics.New(prometheus.NewRegistry())
+	svc, err := New(cfg, zaptest.NewLogger(t), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cutOff atomic.Bool
+	svc.stall.confirm = func(ctx context.Context) error {
+		if cutOff.Load() {
+			<-ctx.Done() // no answer comes through the partition
+			return ctx.Err()
+		}
+		return svc.confirmMembership(ctx)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("service: %v", err)
+		}
+	})
+	readOutputs(t, brokers, len(st.Records), time.Minute)
+	read := func() error {
+		req := NewReadRequest(1, len(cfg.Specs))
+		req.Items[0].Entity, req.Items[0].UseDefault = st.ByPart[0][0].Entity, true
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		return svc.Read(rctx, 0, req)
+	}
+	eventually := func(what string, within time.Duration, cond func() bool) time.Duration {
+		t.Helper()
+		start := time.Now()
+		for !cond() {
+			if time.Since(start) > within {
+				t.Fatalf("%s: not within %s", what, within)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		return time.Since(start)
+	}
+	eventually("a read served while in touch", 10*time.Second, func() bool { return read() == nil })
+
+	cutOff.Store(true)
+	took := eventually("reads refused once out of touch", 10*time.Second, func() bool { return errors.Is(read(), ErrNotOwned) })
+	if limit := stallLimit(cfg.SessionTimeout); took > limit+2*time.Second {
+		t.Errorf("reads refused %s after the cut, want within the limit %s (and a keep-alive)", took, limit)
+	}
+	cutOff.Store(false)
+	eventually("reads served again once a heartbeat is confirmed", 10*time.Second, func() bool { return read() == nil })
+	if n := testutil.ToFloat64(m.Stalls); n != 0 {
+		t.Errorf("velocity_stalls_total = %v, want 0: the process never stopped", n)
 	}
 }
