@@ -106,6 +106,13 @@ func stallBeat(limit time.Duration) time.Duration {
 	return max(min(100*time.Millisecond, limit/20), time.Millisecond)
 }
 
+// The guard's view of invariant 6, for its log lines.
+const (
+	inTouch = iota // a heartbeat was confirmed within the limit
+	joining        // none confirmed since the start yet
+	warned         // none within the limit, after one was: reads refused, logged
+)
+
 // confirmEvery is how often the guard asks the coordinator again while a
 // confirmation fails (the client rejoining, the coordinator moving).
 const confirmEvery = 250 * time.Millisecond
@@ -228,7 +235,7 @@ func (s *Service) watchStalls(ctx context.Context) {
 		lastAsk      time.Time
 		suspectSince time.Time     // when the mark was set
 		stalled      time.Duration // the stalls' total since then
-		outOfTouch   bool          // invariant 6 refuses reads now (for the log)
+		outOfTouch   = inTouch     // invariant 6's state, for the log
 	)
 	confirm := g.confirm
 	if confirm == nil {
@@ -245,8 +252,10 @@ func (s *Service) watchStalls(ctx context.Context) {
 				g.confirmed(a.sent)
 			}
 			switch {
-			case a.err != nil:
+			case a.err != nil && (g.suspect.Load() || g.outOfTouch(g.clock()) > limit):
 				s.log.Debug("stall guard: the group coordinator did not confirm the membership yet; reads stay refused", zap.Error(a.err))
+			case a.err != nil:
+				s.log.Debug("stall guard: the group coordinator did not confirm a heartbeat of the membership", zap.Error(a.err))
 			case a.stalls == g.stalls.Load() && g.suspect.Load():
 				g.suspect.Store(false)
 				s.log.Info("stall guard: the group coordinator confirmed the membership; reads are served again",
@@ -268,13 +277,20 @@ func (s *Service) watchStalls(ctx context.Context) {
 		}
 		g.beat(now)
 		switch far := g.outOfTouch(now); {
-		case far > limit && !outOfTouch:
-			outOfTouch = true
+		case far > limit && outOfTouch == inTouch && g.contact.Load() == 0:
+			// Not yet confirmed since the start: the group is still being
+			// joined, and no worker has started to be refused.
+			outOfTouch = joining
+		case far > limit && outOfTouch != warned && g.contact.Load() != 0 && !g.suspect.Load():
+			// (After a stall its own warning has said it.)
+			outOfTouch = warned
 			s.log.Warn("the group coordinator has confirmed no heartbeat for longer than the group can be sure to keep its partitions (--session-timeout less 1.5 heartbeat intervals); the query API refuses reads until it does",
 				zap.Duration("since", far), zap.Duration("limit", limit))
-		case far <= limit && outOfTouch:
-			outOfTouch = false
-			s.log.Info("the group coordinator confirmed the membership again; reads are served again")
+		case far <= limit && outOfTouch == warned:
+			s.log.Info("stall guard: the group coordinator confirmed the membership again; reads are served again")
+			outOfTouch = inTouch
+		case far <= limit:
+			outOfTouch = inTouch
 		}
 		every := confirmEvery
 		if !g.suspect.Load() && g.outOfTouch(now) <= limit {

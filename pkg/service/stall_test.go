@@ -268,6 +268,7 @@ func TestReadsRefusedOutOfTouchWithTheCoordinator(t *testing.T) {
 		return time.Since(start)
 	}
 	eventually("a read served while in touch", 10*time.Second, func() bool { return read() == nil })
+	eventually("a keep-alive heartbeat confirmed", 10*time.Second, func() bool { return svc.stall.contact.Load() != 0 })
 
 	cutOff.Store(true)
 	took := eventually("reads refused once out of touch", 10*time.Second, func() bool { return errors.Is(read(), ErrNotOwned) })
