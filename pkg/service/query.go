@@ -36,7 +36,9 @@ package service
 // session and has not heard yet that the group moved the partition; a turn of
 // reads is served only if the stall guard (stall.go, where the invariant is
 // written in full) has seen no such stall since the coordinator last confirmed
-// this member.
+// this member. Invariant 6 (no answer out of touch with the group), written in
+// full there too: nor while the newest heartbeat the coordinator confirmed was
+// sent longer ago than the group can be sure to wait.
 //
 // Invariant 4 (reads change nothing): pipeline.Processor.Lookup, LookupFeatures and
 // Preview change no state (see pkg/pipeline/query.go and featurequery.go), so what the
@@ -297,7 +299,8 @@ take:
 	w.s.mu.Lock()
 	current := w.s.workers[w.part] == w
 	w.s.mu.Unlock()
-	// Invariant 5: not after a stall the group may have acted on.
+	// Invariants 5 and 6: not after a stall the group may have acted on, nor
+	// out of touch with the coordinator for that long.
 	current = current && w.s.stall.ok()
 	// The lookahead lives on this goroutine's stack, set up here rather than in a
 	// callee: a callee storing turn[:n] through a pointer would move turn to the heap.

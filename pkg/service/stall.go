@@ -124,7 +124,7 @@ func keepAliveEvery(st time.Duration) time.Duration {
 	return max(min(heartbeatInterval(st), stallLimit(st)/4), confirmEvery)
 }
 
-// stallGuard is the state behind invariant 5. The zero value is disarmed:
+// stallGuard is the state behind invariants 5 and 6. The zero value is disarmed:
 // every read passes (a service that has not joined a group has no workers).
 type stallGuard struct {
 	limit    atomic.Int64 // stallLimit in ns; 0: disarmed
