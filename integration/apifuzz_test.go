@@ -23,7 +23,7 @@ import (
 
 // schemathesis finds the schemathesis CLI. Missing, it skips the test, or fails it
 // where a run must not skip: VELOCITY_REQUIRE_KAFKA=1 (CI, make test-integration) or
-// VELOCITY_REQUIRE_SCHEMATHESIS=1. .ci/run installs it (pip install schemathesis).
+// VELOCITY_REQUIRE_SCHEMATHESIS=1. .ci/run installs the version it pins.
 func schemathesis(t *testing.T) string {
 	t.Helper()
 	for _, name := range []string{"schemathesis", "st"} {
