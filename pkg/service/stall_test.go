@@ -117,25 +117,10 @@ func TestReadsRefusedAfterAStall(t *testing.T) {
 			return ctx.Err()
 		}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("service: %v", err)
-		}
-	})
+	ctx := runUntilCleanup(t, svc)
 	readOutputs(t, brokers, len(st.Records), time.Minute)
 
-	entity := st.ByPart[0][0].Entity
-	read := func() error {
-		req := NewReadRequest(1, len(cfg.Specs))
-		req.Items[0].Entity, req.Items[0].UseDefault = entity, true
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		return svc.Read(rctx, 0, req)
-	}
+	read := func() error { return readDefault(ctx, svc, len(cfg.Specs), st.ByPart[0][0].Entity) }
 	eventually := func(what string, cond func() bool) {
 		t.Helper()
 		for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
@@ -239,23 +224,9 @@ func TestReadsRefusedOutOfTouchWithTheCoordinator(t *testing.T) {
 		}
 		return svc.confirmMembership(ctx)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("service: %v", err)
-		}
-	})
+	ctx := runUntilCleanup(t, svc)
 	readOutputs(t, brokers, len(st.Records), time.Minute)
-	read := func() error {
-		req := NewReadRequest(1, len(cfg.Specs))
-		req.Items[0].Entity, req.Items[0].UseDefault = st.ByPart[0][0].Entity, true
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		return svc.Read(rctx, 0, req)
-	}
+	read := func() error { return readDefault(ctx, svc, len(cfg.Specs), st.ByPart[0][0].Entity) }
 	eventually := func(what string, within time.Duration, cond func() bool) time.Duration {
 		t.Helper()
 		start := time.Now()
@@ -280,4 +251,29 @@ func TestReadsRefusedOutOfTouchWithTheCoordinator(t *testing.T) {
 	if n := testutil.ToFloat64(m.Stalls); n != 0 {
 		t.Errorf("velocity_stalls_total = %v, want 0: the process never stopped", n)
 	}
+}
+
+// runUntilCleanup runs svc until the test ends, failing the test if Run
+// returns an error then; the context it returns ends with the test.
+func runUntilCleanup(t *testing.T, svc *Service) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("service: %v", err)
+		}
+	})
+	return ctx
+}
+
+// readDefault reads entity's default windows from partition 0 (nil: answered).
+func readDefault(ctx context.Context, svc *Service, windows int, entity string) error {
+	req := NewReadRequest(1, windows)
+	req.Items[0].Entity, req.Items[0].UseDefault = entity, true
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return svc.Read(rctx, 0, req)
 }
