@@ -83,9 +83,9 @@ type planTimes struct {
 // a seeded order, two SIGKILLs, a SIGSTOP past the session timeout, a broker
 // restart, a graceful restart of every instance with no input, and a scale-up
 // 1 → 3 followed later by a scale-down 3 → 1 (in the first round and every
-// other one after it the SIGSTOP falls between the two), each inside a burst or a quiet
-// period longer than the idle timeout, with plain bursts and quiet periods
-// between them. The schedule ends with one instance running.
+// other one after it the SIGSTOP falls between the two), each inside a burst
+// or a quiet period longer than the idle timeout, with plain bursts and quiet
+// periods between them. The schedule ends with one instance running.
 func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
 	rng := rand.New(rand.NewPCG(seed, 0x6368616f73))
 	s := schedule{Seed: seed, InputSeed: rng.Uint64()}
@@ -105,10 +105,11 @@ func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
 		down := up + 1 + rng.IntN(len(events)-up)
 		events = slices.Insert(events, down, faultScaleDown)
 		if round%2 == 0 {
-			// Every other round, the first (often the only one) included, freezes one of three instances: only then is
-			// there another owner to take the frozen one's partitions over
-			// and commit past its state before it wakes (a zombie), which a
-			// shuffle alone gave about one round in five.
+			// Every other round, the first (often the only one) included,
+			// freezes one of three instances: only then is there another
+			// owner to take the frozen one's partitions over and commit past
+			// its state before it wakes (a zombie), which a shuffle alone gave
+			// about one round in five.
 			events = slices.DeleteFunc(events, func(k faultKind) bool { return k == faultFreeze })
 			up, down = slices.Index(events, faultScaleUp), slices.Index(events, faultScaleDown)
 			events = slices.Insert(events, up+1+rng.IntN(down-up), faultFreeze)
