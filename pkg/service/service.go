@@ -446,9 +446,6 @@ func (s *Service) Run(ctx context.Context) error {
 		return giveUp(err)
 	}
 	// Before any worker can start (they wait for setUp): every read checks it.
-	if !s.stall.scripted {
-		s.stall.keepAlive = keepAliveEvery(s.cfg.SessionTimeout)
-	}
 	s.stall.arm(stallLimit(s.cfg.SessionTimeout))
 	close(s.setUp)
 	go s.watchStalls(ctx)

@@ -56,7 +56,7 @@ package service
 // reach the coordinator (a network partition from the brokers but not from
 // the API's callers) is expired a session timeout after the coordinator last
 // heard from it, and its heartbeats fail rather than stop, so the beats alone
-// would not see it. The guard sends such a heartbeat every keepAlive (a
+// would not see it. The guard sends such a heartbeat every keepAliveEvery (a
 // quarter of the limit, at most a heartbeat interval: one request more per
 // interval than the client's own) and keeps the send time of the last one
 // confirmed. A coordinator unreachable for longer than the limit (a broker
@@ -106,13 +106,6 @@ func stallBeat(limit time.Duration) time.Duration {
 	return max(min(100*time.Millisecond, limit/20), time.Millisecond)
 }
 
-// The guard's view of invariant 6, for its log lines.
-const (
-	inTouch = iota // a heartbeat was confirmed within the limit
-	joining        // none confirmed since the start yet
-	warned         // none within the limit, after one was: reads refused, logged
-)
-
 // confirmEvery is how often the guard asks the coordinator again while a
 // confirmation fails (the client rejoining, the coordinator moving).
 const confirmEvery = 250 * time.Millisecond
@@ -137,11 +130,8 @@ type stallGuard struct {
 	// (monotonic; invariant 6). arm sets it to base: the join that precedes any
 	// worker is the first contact.
 	contact atomic.Int64
-	// keepAlive is how often watchStalls confirms the membership while nothing
-	// is suspect (keepAliveEvery, set by Run); 0: only after a stall.
-	keepAlive time.Duration
-	// scripted keeps Run from setting keepAlive: a test that answers every
-	// confirmation itself asks for those after stalls only.
+	// scripted turns the keep-alive confirmations (keepAliveEvery) off: a test
+	// that answers every confirmation itself asks for those after stalls only.
 	scripted bool
 	// now is time.Now; tests move it on to make a stall without one.
 	now func() time.Time
@@ -235,8 +225,12 @@ func (s *Service) watchStalls(ctx context.Context) {
 		lastAsk      time.Time
 		suspectSince time.Time     // when the mark was set
 		stalled      time.Duration // the stalls' total since then
-		outOfTouch   = inTouch     // invariant 6's state, for the log
+		warned       bool          // out of touch (invariant 6) and said so
+		keepAlive    = keepAliveEvery(s.cfg.SessionTimeout)
 	)
+	if g.scripted {
+		keepAlive = 0
+	}
 	confirm := g.confirm
 	if confirm == nil {
 		confirm = s.confirmMembership
@@ -276,25 +270,21 @@ func (s *Service) watchStalls(ctx context.Context) {
 				zap.Duration("stalled", gap), zap.Duration("limit", limit))
 		}
 		g.beat(now)
-		switch far := g.outOfTouch(now); {
-		case far > limit && outOfTouch == inTouch && g.contact.Load() == 0:
-			// Not yet confirmed since the start: the group is still being
-			// joined, and no worker has started to be refused.
-			outOfTouch = joining
-		case far > limit && outOfTouch != warned && g.contact.Load() != 0 && !g.suspect.Load():
-			// (After a stall its own warning has said it.)
-			outOfTouch = warned
+		far := g.outOfTouch(now)
+		switch {
+		case far > limit && !warned && g.contact.Load() != 0 && !g.suspect.Load():
+			// Not before the first confirmation (the group still being joined,
+			// no worker to refuse) nor after a stall, which has its own warning.
+			warned = true
 			s.log.Warn("the group coordinator has confirmed no heartbeat for longer than the group can be sure to keep its partitions (--session-timeout less 1.5 heartbeat intervals); the query API refuses reads until it does",
 				zap.Duration("since", far), zap.Duration("limit", limit))
-		case far <= limit && outOfTouch == warned:
+		case far <= limit && warned:
+			warned = false
 			s.log.Info("stall guard: the group coordinator confirmed the membership again; reads are served again")
-			outOfTouch = inTouch
-		case far <= limit:
-			outOfTouch = inTouch
 		}
 		every := confirmEvery
-		if !g.suspect.Load() && g.outOfTouch(now) <= limit {
-			every = g.keepAlive
+		if !g.suspect.Load() && far <= limit {
+			every = keepAlive
 		}
 		if every > 0 && !asking && now.Sub(lastAsk) >= every {
 			asking, lastAsk = true, now

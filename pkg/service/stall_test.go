@@ -227,27 +227,17 @@ func TestReadsRefusedOutOfTouchWithTheCoordinator(t *testing.T) {
 	ctx := runUntilCleanup(t, svc)
 	readOutputs(t, brokers, len(st.Records), time.Minute)
 	read := func() error { return readDefault(ctx, svc, len(cfg.Specs), st.ByPart[0][0].Entity) }
-	eventually := func(what string, within time.Duration, cond func() bool) time.Duration {
-		t.Helper()
-		start := time.Now()
-		for !cond() {
-			if time.Since(start) > within {
-				t.Fatalf("%s: not within %s", what, within)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		return time.Since(start)
-	}
-	eventually("a read served while in touch", 10*time.Second, func() bool { return read() == nil })
-	eventually("a keep-alive heartbeat confirmed", 10*time.Second, func() bool { return svc.stall.contact.Load() != 0 })
+	waitFor(t, "a read served while in touch", 10*time.Second, func() bool { return read() == nil })
+	waitFor(t, "a keep-alive heartbeat confirmed", 10*time.Second, func() bool { return svc.stall.contact.Load() != 0 })
 
 	cutOff.Store(true)
-	took := eventually("reads refused once out of touch", 10*time.Second, func() bool { return errors.Is(read(), ErrNotOwned) })
-	if limit := stallLimit(cfg.SessionTimeout); took > limit+2*time.Second {
+	cut := time.Now()
+	waitFor(t, "reads refused once out of touch", 10*time.Second, func() bool { return errors.Is(read(), ErrNotOwned) })
+	if took, limit := time.Since(cut), stallLimit(cfg.SessionTimeout); took > limit+2*time.Second {
 		t.Errorf("reads refused %s after the cut, want within the limit %s (and a keep-alive)", took, limit)
 	}
 	cutOff.Store(false)
-	eventually("reads served again once a heartbeat is confirmed", 10*time.Second, func() bool { return read() == nil })
+	waitFor(t, "reads served again once a heartbeat is confirmed", 10*time.Second, func() bool { return read() == nil })
 	if n := testutil.ToFloat64(m.Stalls); n != 0 {
 		t.Errorf("velocity_stalls_total = %v, want 0: the process never stopped", n)
 	}
