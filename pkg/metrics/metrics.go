@@ -172,7 +172,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
 		}),
 		CheckpointPause: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "velocity_checkpoint_pause_seconds", Help: "Each stop of a partition's processing to take a checkpoint's snapshot of its state (in the default mode, the snapshot is taken in steps of about 1 ms).",
+			Name: "velocity_checkpoint_pause_seconds", Help: "Each stop of a partition's processing to take a checkpoint's snapshot of its state (the snapshot is taken in steps of about 1 ms between batches).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
 		}),
 		CheckpointBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{

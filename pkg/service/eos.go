@@ -29,16 +29,25 @@ package service
 // fencing comes from the transactional id, so a rebalance racing a checkpoint
 // does not fail the commit of a partition that is still ours.
 //
-// Per checkpoint interval, on the worker goroutine, whenever the partition's
-// state changed (records processed, or events released by the idle timeout
-// after the input went quiet: the offset need not have moved), whether or not
-// anything was published (a second stage that read only markers commits a
-// transaction holding the offset commit alone: endOffsetsOnlyTxn):
+// Per checkpoint interval, whenever the partition's state changed (records
+// processed, or events released by the idle timeout after the input went
+// quiet: the offset need not have moved), whether or not anything was
+// published (a second stage that read only markers commits a transaction
+// holding the offset commit alone: endOffsetsOnlyTxn):
 //
-//	flush (all outputs of offsets < next are in the open transaction)
+//	cut at next (on the worker goroutine; the gate holds what follows)
+//	→ flush (all outputs of offsets < next are in the open transaction)
 //	→ save the snapshot {Next: next, ID: (epoch, seq)} durably
 //	→ AddOffsetsToTxn + TxnOffsetCommit(next, metadata: the ID)
 //	→ EndTransaction(commit) → BeginTransaction
+//	→ release the gate into the new transaction (on the worker goroutine)
+//
+// Everything after the cut runs beside the partition, which goes on
+// processing: the outputs of the offsets from next on wait in the gate
+// (worker.gate) for the next transaction, so none of them enters this one.
+// Had the partition stopped from the cut to the commit instead, as it once
+// did, each checkpoint's flush, save and three requests (0.2–0.6 s every 5 s)
+// came off its throughput.
 //
 // The snapshot is saved before the commit, so after a crash in between the
 // newest snapshot is ahead of the committed transaction; recovery then steps

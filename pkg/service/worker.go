@@ -46,9 +46,13 @@ type worker struct {
 	proc    *pipeline.Processor
 	tracker *sink.Tracker
 	// txn is the partition's transactional producer in exactly-once mode
-	// (nil otherwise); txnRecords counts outputs in its open transaction.
+	// (nil otherwise); txnRecords counts outputs in its open transaction. gate
+	// stands between the tracker and txn: a checkpoint holds it from its cut
+	// until the next transaction has begun (see checkpoint), so that the
+	// outputs of the records processed meanwhile go into the next one.
 	txn        *kgo.Client
 	txnRecords int
+	gate       *sink.Gate
 	in         chan batch
 	quit       chan bool // true: checkpoint before leaving
 	done       chan struct{}
@@ -108,8 +112,8 @@ type worker struct {
 	lastSweep   time.Time // of unlisted dedupe segments (zero: not since the partition was assigned)
 	snapBuf     []byte
 	sweep       *sweep // a background checkpoint still taking its snapshot, or nil
-	// bgBusy is set while a background checkpoint (default mode) waits for
-	// its outputs, saves and commits; bgDone returns its buffer and error.
+	// bgBusy is set while a background checkpoint waits for its outputs,
+	// saves and commits; bgDone returns its buffer and error.
 	bgBusy    bool
 	bgDone    chan bgResult
 	lastStats pipeline.Stats
@@ -168,14 +172,16 @@ func (s *Service) startWorker(p int32, proc *pipeline.Processor, txn *kgo.Client
 	return w
 }
 
-// useTxn makes txn the partition's transactional producer, with a sink and a
-// tracker of its own (exactly-once). Called when the worker starts, and on its
-// goroutine between two transactions when the producer is replaced
-// (endOffsetsOnlyTxn): nothing of the old one is in flight then.
+// useTxn makes txn the partition's transactional producer, with a gate, a
+// sink and a tracker of its own (exactly-once). Called when the worker starts,
+// and on its goroutine between two transactions when the producer is replaced
+// (endOffsetsOnlyTxn, which a synchronous checkpoint runs): nothing of the old
+// one is in flight or held then.
 func (w *worker) useTxn(txn *kgo.Client) {
 	s := w.s
 	w.txn = txn
-	w.tracker = w.newTracker(sink.New(txn, s.cfg.OutputTopic, s.cfg.DLQTopic, s.cfg.Host).
+	w.gate = sink.NewGate(txn)
+	w.tracker = w.newTracker(sink.New(w.gate, s.cfg.OutputTopic, s.cfg.DLQTopic, s.cfg.Host).
 		WithFeaturesPrefix(s.cfg.FeaturesValuePrefix).WithBuild(s.cfg.Build).WithDefinition(s.cfg.Definition))
 }
 
@@ -225,7 +231,11 @@ func (w *worker) run() {
 				// that window to one batch. (The tick commits an idle
 				// declaration at once for the same reason: until its markers are
 				// committed, the second stages wait for this partition.)
-				if err := w.checkpoint(); err != nil {
+				err := w.waitBackground()
+				if err == nil {
+					err = w.checkpoint()
+				}
+				if err != nil {
 					w.leaveOrFail(err)
 					return
 				}
@@ -262,13 +272,7 @@ func (w *worker) run() {
 			}
 			if time.Since(lastCheckpoint) >= w.s.cfg.CheckpointInterval && !w.bgBusy {
 				lastCheckpoint = time.Now()
-				var err error
-				if w.txn != nil {
-					err = w.checkpoint()
-				} else {
-					err = w.checkpointInBackground()
-				}
-				if err != nil {
+				if err := w.checkpointInBackground(); err != nil {
 					w.leaveOrFail(err)
 					return
 				}
@@ -695,10 +699,20 @@ func (w *worker) updateGroupCounters() {
 //	         inside the transaction, naming the snapshot's ID)
 //	settle   on the partition goroutine, record how far persist got
 //
-// Two schedules: checkpoint runs it synchronously (every exactly-once
-// checkpoint, and a default-mode revoke or shutdown); checkpointInBackground
-// (default mode, every interval) takes the snapshot in steps between batches
-// and persists it on a goroutine while processing goes on, one at a time.
+// Two schedules: checkpointInBackground (every interval) takes the snapshot
+// in steps between batches and persists it on a goroutine while processing
+// goes on, one at a time; checkpoint runs it synchronously (a revoke or
+// shutdown, an exactly-once transaction that holds no record, and a re-keyed
+// group's exactly-once commits on idle).
+//
+// Exactly-once, the records processed while a checkpoint persists emit into
+// the next transaction, which begins only when this one has committed: the
+// cut holds the partition's gate, and settle releases it once the commit
+// (which begins the next transaction) succeeded. So a transaction holds
+// exactly the outputs emitted between its cut and the one before, and its
+// offset commit is the cut's Next: the outputs of offsets below Next, and
+// nothing of the offsets after it. A commit that fails leaves the gate held,
+// and the worker leaves without producing what it holds.
 //
 // Invariant (both modes, both schedules): the group's committed offset for
 // this partition is never ahead of a durable snapshot, and every output for
@@ -757,14 +771,20 @@ func (w *worker) commitLogged(ctx context.Context, next int64) {
 	w.committed, w.lastDurable = max(w.committed, next), time.Now()
 }
 
-// checkpointInBackground runs the protocol without stalling the partition
-// (default mode): the snapshot is cut here, taken in steps of about a
+// checkpointInBackground runs the protocol without stalling the partition:
+// the snapshot is cut here, taken in steps of about a
 // millisecond between batches (advanceSweep), and then persisted on a
 // goroutine while processing goes on; backgroundDone settles it. Only one runs
 // at a time; an interval that finds one still running is skipped.
 func (w *worker) checkpointInBackground() error {
 	if !w.dirty {
 		return w.catchUpCommit()
+	}
+	if w.txn != nil && w.txnRecords == 0 {
+		// An exactly-once transaction without records: there are no outputs
+		// to wait for, and its commit (endOffsetsOnlyTxn) may replace the
+		// producer, which only the partition goroutine may do.
+		return w.checkpoint()
 	}
 	start := time.Now()
 	w.sweep = w.cut()
@@ -782,11 +802,17 @@ func (w *worker) cut() *sweep {
 		next:  w.proc.Next(),
 		id:    checkpoint.ID{Epoch: w.epoch, Seq: w.seq},
 		flush: w.idleFlushAt,
-		// Exactly-once: the transaction holds no record (the synchronous
-		// schedule emits nothing before the commit).
+		// Exactly-once: the transaction holds no record.
 		offsetsOnly: w.txn != nil && w.txnRecords == 0,
 		epoch:       w.tracker.Cut(), // at the snapshot: no output in between
 		start:       time.Now(),
+	}
+	if w.gate != nil {
+		// Exactly-once: what is emitted from here on belongs to the next
+		// transaction, which begins when this one has committed; until then
+		// the gate holds it (released in settle).
+		w.gate.Hold()
+		w.txnRecords = 0
 	}
 	w.snapBuf = nil // owned by the snapshot until settle returns it
 	w.dirty = false
@@ -851,8 +877,8 @@ func (w *worker) completeSweep() {
 // cut, saves the snapshot and commits its offset. It runs on the partition
 // goroutine or on a background one, so it touches none of the partition
 // goroutine's fields (the tracker and the transactional client are safe to
-// use from any goroutine; the exactly-once schedule is synchronous, and only
-// it replaces them, after an offsets-only commit: endOffsetsOnlyTxn). Once the
+// use from any goroutine; only a synchronous checkpoint replaces them, after
+// an offsets-only commit: endOffsetsOnlyTxn). Once the
 // worker is released (the partition lost or revoked) it stops before the save
 // and before the commit: an old owner must not move the group's offset.
 func (w *worker) persist(sw *sweep) bgResult {
@@ -935,10 +961,15 @@ func (w *worker) settle(res bgResult) error {
 	}
 	if res.committed {
 		w.committed, w.lastDurable = max(w.committed, res.next), time.Now()
-		if w.txn != nil {
-			w.txnRecords = 0 // the synchronous schedule: nothing was emitted since the cut
+		if w.gate != nil {
+			// The next transaction has begun: the outputs held since the
+			// cut go into it, in order, ahead of everything after them.
+			w.gate.Release()
 		}
 	}
+	// Else, exactly-once, the gate stays held: the transaction was lost, or
+	// the partition released, and the worker leaves with the outputs it holds,
+	// which the next owner makes again from the committed state.
 	return res.err
 }
 
