@@ -101,16 +101,7 @@ func TestExactlyOnceProcessesOnWhileItsTransactionCommits(t *testing.T) {
 
 			switch end {
 			case "fenced":
-				fence, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.TransactionalID(svc.transactionalID(0)))
-				if err != nil {
-					t.Fatal(err)
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				if _, _, err := fence.ProducerID(ctx); err != nil {
-					t.Fatalf("fence partition 0: %v", err)
-				}
-				fence.Close()
+				fenceTxnID(t, brokers, svc.transactionalID(0))
 				unblock()
 			case "stopped":
 				stopped := make(chan struct{})

@@ -71,16 +71,7 @@ func TestServiceExactlyOnceSurvivesFencing(t *testing.T) {
 	produce(t, brokers, st.Records[:1000])
 	readOutputs(t, brokers, 1000, 30*time.Second) // read_committed: the first half is committed
 
-	fence, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.TransactionalID(svc.transactionalID(0)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, _, err := fence.ProducerID(ctx); err != nil {
-		t.Fatalf("fence partition 0: %v", err)
-	}
-	fence.Close()
+	fenceTxnID(t, brokers, svc.transactionalID(0))
 
 	produce(t, brokers, st.Records[1000:])
 	got := readOutputs(t, brokers, len(st.Records), 60*time.Second)
@@ -90,5 +81,22 @@ func TestServiceExactlyOnceSurvivesFencing(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(svc.m.TxnPartitionsLost); n != 1 {
 		t.Errorf("velocity_txn_partitions_lost_total = %v, want 1", n)
+	}
+}
+
+// fenceTxnID initialises the transactional id id from a client of its own, as
+// a new owner of its partition would: the service's producer for it is fenced,
+// and the transaction it has open is aborted.
+func fenceTxnID(t *testing.T, brokers []string, id string) {
+	t.Helper()
+	fence, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.TransactionalID(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fence.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, _, err := fence.ProducerID(ctx); err != nil {
+		t.Fatalf("fence %s: %v", id, err)
 	}
 }
