@@ -89,6 +89,9 @@ type Metrics struct {
 	// OffsetsSkipped counts input offsets that retention deleted before this
 	// service processed them: the state never saw them.
 	OffsetsSkipped *prometheus.CounterVec
+	// InputPartitionsAdded is how many partitions the input topic has gained
+	// since the start, as far as the group has assigned them to this instance.
+	InputPartitionsAdded prometheus.Gauge
 	// ProgressAge is, per partition, the seconds since its goroutine last
 	// finished a step (a batch, a tick, a checkpoint): /healthz fails when it
 	// grows past the bound a step may take.
@@ -220,6 +223,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		OffsetsSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "velocity_input_offsets_skipped_total", Help: "Input offsets deleted by retention before they were processed, by partition: the features never counted them.",
 		}, []string{"partition"}),
+		InputPartitionsAdded: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "velocity_input_partitions_added", Help: "Partitions added to the input topic since the start that the group assigned to this instance: entities keyed by entity_id moved to other partitions, and their features started again.",
+		}),
 		ProgressAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "velocity_partition_progress_age_seconds", Help: "Seconds since the partition's goroutine last finished a step (batch, tick or checkpoint), by partition.",
 		}, []string{"partition"}),
@@ -236,7 +242,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.Latency, m.AddedLatency, m.Entities, m.EntitiesEvicted, m.DedupeIDs, m.DedupeEvicted, m.CheckpointSeconds, m.CheckpointPause, m.CheckpointBytes, m.CheckpointWritten,
 		m.CheckpointErrors, m.SnapshotFallbacks, m.SnapshotStepBacks, m.TxnPartitionsLost, m.TakeoversInterrupted, m.Stalls, m.CommitErrors, m.ProduceErrors,
 		m.PausedPartitions, m.ConsumerLag, m.AssignedPartition,
-		m.SnapshotsStale, m.OffsetsSkipped, m.ProgressAge, m.CheckpointAge, m.PartitionsRestoring,
+		m.SnapshotsStale, m.OffsetsSkipped, m.InputPartitionsAdded, m.ProgressAge, m.CheckpointAge, m.PartitionsRestoring,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

@@ -255,6 +255,9 @@ type Service struct {
 	// inputPartitions is the input topic's partition count (checkTopics): the
 	// repartition topics' count and, for a second stage, its sources.
 	inputPartitions int32
+	// grownWarned is one past the highest partition added to the input topic
+	// since the start that checkGrown warned about (0: none).
+	grownWarned int32
 
 	queryState // the query API's reads (query.go)
 	// stall is the stall guard (stall.go): reads are refused after the process
@@ -702,6 +705,12 @@ func (s *Service) assigned(ctx context.Context, offsets map[string]map[int32]kgo
 	if len(parts) > 0 {
 		s.log.Info("taking over partitions", zap.Int("partitions", len(parts)))
 	}
+	for p := range parts {
+		if err := s.checkGrown(p); err != nil {
+			s.fail(err)
+			return nil, err
+		}
+	}
 	var acquired []int32
 	s.restoring.Add(int32(len(parts)))
 	s.gauges.restoring.Set(float64(s.restoring.Load()))
@@ -737,6 +746,38 @@ func (s *Service) assigned(ctx context.Context, offsets map[string]map[int32]kgo
 	}
 	s.gauges.assigned.Set(float64(s.numWorkers()))
 	return offsets, nil
+}
+
+// checkGrown looks at a partition the group assigned against the input topic's
+// partition count at start: the group hands out a partition added since (once
+// the consumer's metadata shows it), and nothing else would notice.
+//
+// A re-keyed group's first stage stops with an error: its repartition topics
+// and second stages count the input partitions of the start (the hop records'
+// source, the merger's frontier over every source, the snapshots), so a second
+// stage would refuse every hop record of the new partition and never wait for
+// its watermark; the start refuses that topology too (sink.EnsureTopics).
+// Without re-keyed groups the partition is consumed like any other, and the
+// service says once per count what it means for the features: producers that
+// key by entity_id now send most entities to other partitions than before.
+func (s *Service) checkGrown(p int32) error {
+	if p < s.inputPartitions || s.cfg.Merge != nil {
+		return nil // a second stage's input is a repartition topic, which only a first stage writes
+	}
+	if len(s.cfg.Hops) > 0 {
+		return fmt.Errorf("the input topic %q has more partitions than the %d it had at start (partition %d assigned): its re-keyed groups' repartition topics and second stages count %d input partitions, and would refuse this one's hop records; keep the input at %d partitions, or run under a new --group (its re-keyed groups then start over)",
+			s.cfg.InputTopic, s.inputPartitions, p, s.inputPartitions, s.inputPartitions)
+	}
+	s.mu.Lock()
+	warn := p >= s.grownWarned
+	s.grownWarned = max(s.grownWarned, p+1)
+	s.mu.Unlock()
+	s.m.InputPartitionsAdded.Set(float64(max(p+1-s.inputPartitions, 0)))
+	if warn {
+		s.log.Error("the input topic has more partitions than at start: producers that key records by entity_id now send most entities to another partition than before, where their features start again from nothing (the old partition's state for them ages out with --entity-ttl); every record still gets its output",
+			zap.String("topic", s.cfg.InputTopic), zap.Int32("partitions_at_start", s.inputPartitions), zap.Int32("partition", p))
+	}
+	return nil
 }
 
 // takeoverRetry bounds how long a takeover is retried through errors that
