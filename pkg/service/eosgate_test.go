@@ -106,7 +106,9 @@ func TestExactlyOnceProcessesOnWhileItsTransactionCommits(t *testing.T) {
 			case "stopped":
 				stopped := make(chan struct{})
 				go func() { stop(); close(stopped) }()
-				time.Sleep(200 * time.Millisecond) // the stop waits for the held checkpoint
+				// Not ready once the poll loop has ended: the shutdown's
+				// checkpoints then wait for the held one.
+				waitFor(t, "the shutdown to begin", 10*time.Second, func() bool { return !svc.Ready() })
 				unblock()
 				<-stopped
 				svc, _ = startService(t, cfg)
