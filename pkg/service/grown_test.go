@@ -36,9 +36,9 @@ func TestInputTopicGrowsWhileRunning(t *testing.T) {
 			name = "re-keyed groups"
 		}
 		t.Run(name, func(t *testing.T) {
-			const before, after = 2, 3
+			const before, after = 2, 4 // two added at once: one line, and the gauge at 2
 			brokers := newCluster(t, before)
-			st := streamtest.Generate(inTopic, 9, 1500, after) // partition 2's records wait for the growth
+			st := streamtest.Generate(inTopic, 9, 1500, after) // partitions 2 and 3's records wait for the growth
 			var old, added []*kgo.Record
 			for _, r := range st.Records {
 				if r.Partition < before {

@@ -256,7 +256,7 @@ type Service struct {
 	// repartition topics' count and, for a second stage, its sources.
 	inputPartitions int32
 	// grownWarned is one past the highest partition added to the input topic
-	// since the start that checkGrown warned about (0: none).
+	// since the start that checkGrown warned about (0: none yet).
 	grownWarned int32
 
 	queryState // the query API's reads (query.go)
@@ -705,11 +705,13 @@ func (s *Service) assigned(ctx context.Context, offsets map[string]map[int32]kgo
 	if len(parts) > 0 {
 		s.log.Info("taking over partitions", zap.Int("partitions", len(parts)))
 	}
+	highest := int32(-1)
 	for p := range parts {
-		if err := s.checkGrown(p); err != nil {
-			s.fail(err)
-			return nil, err
-		}
+		highest = max(highest, p)
+	}
+	if err := s.checkGrown(highest); err != nil {
+		s.fail(err)
+		return nil, err
 	}
 	var acquired []int32
 	s.restoring.Add(int32(len(parts)))
@@ -748,9 +750,10 @@ func (s *Service) assigned(ctx context.Context, offsets map[string]map[int32]kgo
 	return offsets, nil
 }
 
-// checkGrown looks at a partition the group assigned against the input topic's
-// partition count at start: the group hands out a partition added since (once
-// the consumer's metadata shows it), and nothing else would notice.
+// checkGrown looks at the highest partition the group assigned (-1: none)
+// against the input topic's partition count at start: the group hands out a
+// partition added since (once the consumer's metadata shows it), and nothing
+// else would notice.
 //
 // A re-keyed group's first stage stops with an error: its repartition topics
 // and second stages count the input partitions of the start (the hop records'
@@ -771,8 +774,9 @@ func (s *Service) checkGrown(p int32) error {
 	s.mu.Lock()
 	warn := p >= s.grownWarned
 	s.grownWarned = max(s.grownWarned, p+1)
+	added := s.grownWarned - s.inputPartitions
 	s.mu.Unlock()
-	s.m.InputPartitionsAdded.Set(float64(max(p+1-s.inputPartitions, 0)))
+	s.m.InputPartitionsAdded.Set(float64(added))
 	if warn {
 		s.log.Error("the input topic has more partitions than at start: producers that key records by entity_id now send most entities to another partition than before, where their features start again from nothing (the old partition's state for them ages out with --entity-ttl); every record still gets its output",
 			zap.String("topic", s.cfg.InputTopic), zap.Int32("partitions_at_start", s.inputPartitions), zap.Int32("partition", p))
