@@ -709,10 +709,12 @@ func (w *worker) updateGroupCounters() {
 // the next transaction, which begins only when this one has committed: the
 // cut holds the partition's gate, and settle releases it once the commit
 // (which begins the next transaction) succeeded. So a transaction holds
-// exactly the outputs emitted between its cut and the one before, and its
-// offset commit is the cut's Next: the outputs of offsets below Next, and
-// nothing of the offsets after it. A commit that fails leaves the gate held,
-// and the worker leaves without producing what it holds.
+// exactly the outputs emitted between its cut and the one before, with the
+// offset commit of the cut's Next: nothing of the offsets from Next on, and
+// of those below it everything but the events its snapshot holds pending in
+// the reorder buffer, released later into a later transaction. A commit that
+// fails leaves the gate held, and the worker leaves without producing what it
+// holds.
 //
 // Invariant (both modes, both schedules): the group's committed offset for
 // this partition is never ahead of a durable snapshot, and every output for
