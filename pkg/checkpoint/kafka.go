@@ -154,6 +154,11 @@ func NewKafkaStore(ctx context.Context, cfg KafkaConfig) (*KafkaStore, error) {
 		kgo.ProducerBatchCompression(kgo.Lz4Compression(), kgo.NoCompression()),
 		kgo.ProducerBatchMaxBytes(int32(chunk + recordOverhead)),
 		kgo.RecordDeliveryTimeout(2 * time.Minute),
+		// The store creates its topic just before its first Save, and a
+		// broker refuses produces to a partition it has not taken on yet
+		// with UNKNOWN_TOPIC_OR_PARTITION for a while (seconds on a loaded
+		// machine); the client's default fails them after four such answers.
+		kgo.UnknownTopicRetries(-1),
 	}, cfg.ClientOpts...)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {

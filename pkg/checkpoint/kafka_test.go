@@ -13,6 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/velocity-consumer/velocity-consumer/internal/kfaketest"
 )
 
 // newFakeKafkaStore returns a KafkaStore on an in-process kfake cluster (the
@@ -356,5 +358,37 @@ func TestKafkaStoreReadsToAnEndItCannotSee(t *testing.T) {
 	}
 	if got.Next != want.Next || !bytes.Equal(got.State, want.State) {
 		t.Fatalf("loaded next %d %q, want %d %q", got.Next, got.State, want.Next, want.State)
+	}
+}
+
+// TestKafkaStoreSavesThroughAJustCreatedTopic: the store creates its topic and
+// saves at once, and a broker that has not taken the new partitions on yet
+// refuses the produces with UNKNOWN_TOPIC_OR_PARTITION, more often than the
+// client's default limit of four, on a loaded machine. The Save must wait it
+// out, not fail the partition's checkpoint.
+func TestKafkaStoreSavesThroughAJustCreatedTopic(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := NewKafkaStore(ctx, KafkaConfig{Brokers: c.ListenAddrs(), Topic: DefaultKafkaTopic("grp/1"), Partitions: 3, ChunkBytes: 64,
+		ClientOpts: []kgo.Opt{kgo.MetadataMinAge(10 * time.Millisecond), kgo.RetryBackoffFn(func(int) time.Duration { return 10 * time.Millisecond })}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	const refusals = 10
+	refused := kfaketest.RefuseProduces(c, refusals)
+	key := Key{Group: "grp/1", Topic: "tx", Partition: 0}
+	want := Snapshot{Next: 7, State: bytes.Repeat([]byte("state "), 40)}
+	mustSave(t, s, key, want)
+	if n := refused.Load(); n != refusals {
+		t.Fatalf("the broker refused %d produces, want %d", n, refusals)
+	}
+	if got := mustLoad(t, s, key); got.Next != want.Next || !bytes.Equal(got.State, want.State) {
+		t.Fatalf("loaded next %d, %d bytes: want the saved snapshot", got.Next, len(got.State))
 	}
 }

@@ -232,8 +232,17 @@ func (s *Sink) WithDefinition(definition string) *Sink {
 
 // ProducerOpts are the options the sink's client must have: idempotent writes
 // with acks from all in-sync replicas, so a retried produce is not duplicated.
+//
+// Records are never failed for UNKNOWN_TOPIC_OR_PARTITION before their
+// delivery timeout. Every topic the service writes to exists before its first
+// produce (EnsureTopics), but a broker goes on answering so for a partition it
+// has not taken on yet, for seconds after the topic was created on a loaded
+// machine; the client's default of four such answers turned a repartition
+// topic that two instances created at once into a fatal produce error. A topic
+// deleted under a running service still fails, at the delivery timeout.
 func ProducerOpts() []kgo.Opt {
 	return []kgo.Opt{
+		kgo.UnknownTopicRetries(-1),
 		kgo.RecordPartitioner(Partitioner()),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.ProducerLinger(2 * time.Millisecond),

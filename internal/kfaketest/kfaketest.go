@@ -1,0 +1,43 @@
+// Package kfaketest injects the broker answers that unit tests on an
+// in-process kfake cluster need and kfake does not give on its own. It is for
+// tests only.
+package kfaketest
+
+import (
+	"sync/atomic"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// RefuseProduces answers the cluster's next n Produce requests with
+// UNKNOWN_TOPIC_OR_PARTITION for every partition in them, as a broker answers
+// for a just-created partition it has not taken on yet ("This server does not
+// host this topic-partition"), and lets later ones through. It returns the
+// count of requests refused so far.
+func RefuseProduces(c *kfake.Cluster, n int32) *atomic.Int32 {
+	var refused atomic.Int32
+	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		if refused.Load() >= n {
+			return nil, nil, false // not kept: the control is dropped
+		}
+		c.KeepControl()
+		refused.Add(1)
+		pr := req.(*kmsg.ProduceRequest)
+		resp := pr.ResponseKind().(*kmsg.ProduceResponse)
+		for _, rt := range pr.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = kerr.UnknownTopicOrPartition.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	return &refused
+}
