@@ -71,10 +71,17 @@ const (
 	epVelocity endpoint = iota // GET /v1/entities/{id}/velocity
 	epFeatures                 // GET /v1/entities/{id}/features (under a definition)
 	epGroup                    // GET /v1/groups/{in-place group}/entities/{id}/features (under a definition with groups)
+	epRekeyed                  // GET /v1/groups/{re-keyed group}/entities/{key}/features
 )
 
 func (e endpoint) String() string {
-	return [...]string{"velocity", "features", "group"}[e]
+	return [...]string{"velocity", "features", "group", "rekeyed"}[e]
+}
+
+// rekeyedTarget is a re-keyed group the querier asks, and how it draws keys.
+type rekeyedTarget struct {
+	name string
+	pick func(*rand.Rand) string
 }
 
 // apiRequest is one request the querier sent and what came back.
@@ -82,7 +89,8 @@ type apiRequest struct {
 	mode     string // the group's: default or eos
 	slot     int
 	ep       endpoint
-	entity   string
+	group    string // epRekeyed: the re-keyed group
+	entity   string // the entity id, or the re-keyed group's key
 	url      string
 	sent     time.Time // just before the request was handed to the client
 	answered time.Time
@@ -101,6 +109,7 @@ type querier struct {
 	eps     []endpoint
 	group   string // the in-place group's name on /v1/groups/... (epGroup)
 	pick    func(*rand.Rand) string
+	rekeyed []rekeyedTarget // asked as often as each endpoint of eps
 	rng     *rand.Rand
 	client  *http.Client
 	mu      sync.Mutex
@@ -112,9 +121,9 @@ type querier struct {
 	halted  sync.Once
 }
 
-func newQuerier(mode string, bases [slots]string, eps []endpoint, group string, pick func(*rand.Rand) string, seed uint64) *querier {
+func newQuerier(mode string, bases [slots]string, eps []endpoint, group string, pick func(*rand.Rand) string, rekeyed []rekeyedTarget, seed uint64) *querier {
 	return &querier{
-		mode: mode, bases: bases, eps: eps, group: group, pick: pick,
+		mode: mode, bases: bases, eps: eps, group: group, pick: pick, rekeyed: rekeyed,
 		rng: rand.New(rand.NewPCG(seed, 0x717565727920)),
 		client: &http.Client{Timeout: queryTimeout, Transport: &http.Transport{
 			MaxIdleConnsPerHost: 8, IdleConnTimeout: 30 * time.Second,
@@ -124,13 +133,15 @@ func newQuerier(mode string, bases [slots]string, eps []endpoint, group string, 
 	}
 }
 
-func (q *querier) path(ep endpoint, entity string) string {
+func (q *querier) path(ep endpoint, group, entity string) string {
 	id := url.PathEscape(entity)
 	switch ep {
 	case epFeatures:
 		return "/v1/entities/" + id + "/features"
 	case epGroup:
 		return "/v1/groups/" + url.PathEscape(q.group) + "/entities/" + id + "/features"
+	case epRekeyed:
+		return "/v1/groups/" + url.PathEscape(group) + "/entities/" + id + "/features"
 	}
 	return "/v1/entities/" + id + "/velocity"
 }
@@ -150,8 +161,14 @@ func (q *querier) run() {
 		case <-tick.C:
 		}
 		slot := q.rng.IntN(slots)
-		ep := q.eps[q.rng.IntN(len(q.eps))]
-		entity := q.pick(q.rng)
+		var ep endpoint
+		var group, entity string
+		if i := q.rng.IntN(len(q.eps) + len(q.rekeyed)); i < len(q.eps) {
+			ep, entity = q.eps[i], q.pick(q.rng)
+		} else {
+			t := q.rekeyed[i-len(q.eps)]
+			ep, group, entity = epRekeyed, t.name, t.pick(q.rng)
+		}
 		select {
 		case inFlight <- struct{}{}:
 		default:
@@ -160,7 +177,7 @@ func (q *querier) run() {
 			q.mu.Unlock()
 			continue
 		}
-		req := &apiRequest{mode: q.mode, slot: slot, ep: ep, entity: entity, url: q.bases[slot] + q.path(ep, entity)}
+		req := &apiRequest{mode: q.mode, slot: slot, ep: ep, group: group, entity: entity, url: q.bases[slot] + q.path(ep, group, entity)}
 		q.wg.Add(1)
 		go func() {
 			defer q.wg.Done()
@@ -203,8 +220,8 @@ func (q *querier) halt() ([]*apiRequest, int) {
 }
 
 // commitPoint is one answer of the group coordinator: the committed offsets
-// (the next offset to consume) of a group's input partitions, as known when the
-// answer arrived.
+// (the next offset to consume) of a group's partitions of one topic (the input,
+// or a re-keyed group's repartition topic), as known when the answer arrived.
 type commitPoint struct {
 	at      time.Time // when the answer arrived: every offset in it was committed before
 	offsets map[int32]int64
@@ -218,8 +235,11 @@ type commitTimeline struct {
 
 // before returns the committed offset of partition p according to the last
 // answer that arrived before t, and whether there is one: what the group had
-// certainly committed by t.
+// certainly committed by t. A nil timeline has none.
 func (c *commitTimeline) before(p int32, t time.Time) (int64, time.Time, bool) {
+	if c == nil {
+		return 0, time.Time{}, false
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i := len(c.points) - 1; i >= 0; i-- {
@@ -231,20 +251,28 @@ func (c *commitTimeline) before(p int32, t time.Time) (int64, time.Time, bool) {
 	return 0, time.Time{}, false
 }
 
-// pollCommits asks for the committed offsets of every group's input
-// partitions every commitPoll until ctx ends, riding out a broker restart.
-func pollCommits(ctx context.Context, adm *kadm.Client, topic string, groups map[string]*commitTimeline) {
+// pollTarget is a consumer group whose committed offsets of one topic are
+// polled into a timeline.
+type pollTarget struct {
+	group, topic string
+	tl           *commitTimeline
+}
+
+// pollCommits asks for the committed offsets of every target every
+// commitPoll until ctx ends, riding out a broker restart.
+func pollCommits(ctx context.Context, adm *kadm.Client, targets []pollTarget) {
 	for ctx.Err() == nil {
-		for name, tl := range groups {
+		for _, t := range targets {
 			pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			resp, err := adm.FetchOffsets(pctx, name)
+			resp, err := adm.FetchOffsets(pctx, t.group)
 			cancel()
 			if err != nil || resp.Error() != nil {
 				continue
 			}
+			tl := t.tl
 			pt := commitPoint{at: time.Now(), offsets: map[int32]int64{}}
 			resp.Each(func(o kadm.OffsetResponse) {
-				if o.Topic == topic && o.Err == nil && o.At >= 0 {
+				if o.Topic == t.topic && o.Err == nil && o.At >= 0 {
 					pt.offsets[o.Partition] = o.At
 				}
 			})
@@ -307,27 +335,54 @@ func (tl *timeline) at(t time.Time) string {
 	return fmt.Sprintf("+%.3fs", t.Sub(tl.begin).Seconds())
 }
 
+// keyPicker draws the keys the querier asks a re-keyed group for: mostly keys
+// the input has (for a group keyed by the currency, the generator's two; by the
+// event id, the generator's ids up to about the most a run produces), and some
+// it never has.
+func keyPicker(field string) func(*rand.Rand) string {
+	return func(rng *rand.Rand) string {
+		if rng.IntN(8) == 0 {
+			return fmt.Sprintf("never-%06d", rng.IntN(1_000_000))
+		}
+		switch field {
+		case "currency":
+			return []string{"EUR", "USD"}[rng.IntN(2)]
+		case "event_id":
+			return fmt.Sprintf("ev-%08d", 1+rng.IntN(30_000))
+		}
+		return fmt.Sprintf("never-%06d", rng.IntN(1_000_000))
+	}
+}
+
 // startQueries starts the committed-offset poller and each group's querier.
 func (r *run) startQueries(seed uint64) {
 	eps := []endpoint{epVelocity}
 	inPlace := ""
+	var rekeyed []rekeyedTarget
 	if r.v.features != "" {
 		eps = append(eps, epFeatures)
 		def, err := definition.LoadFile(r.v.features)
 		r.must(err)
 		if len(def.Groups) > 0 {
-			// The in-place group through the groups route. The re-keyed groups'
-			// answers are not asked for: see docs/fault-checker.md, "What it does
-			// not cover".
+			// The in-place group through the groups route, and every re-keyed
+			// group's keys (judged by groupcheck_test.go).
 			eps = append(eps, epGroup)
 			inPlace = def.Group
+			for _, dg := range def.Groups {
+				rekeyed = append(rekeyed, rekeyedTarget{name: dg.Name, pick: keyPicker(dg.Key)})
+			}
 		}
 	}
 	pick := entityPicker(r.prod.gen)
-	floors := map[string]*commitTimeline{}
+	var targets []pollTarget
 	for i, g := range r.groups {
-		floors[g.name] = g.commits
-		g.q = newQuerier(g.mode, g.api, eps, inPlace, pick, seed+uint64(i))
+		targets = append(targets, pollTarget{group: g.name, topic: r.input, tl: g.commits})
+		for _, t := range rekeyed {
+			tl := &commitTimeline{}
+			g.groupCommits[t.name] = tl
+			targets = append(targets, pollTarget{group: g.name + "." + t.name, topic: repartitionTopic(g.name, t.name), tl: tl})
+		}
+		g.q = newQuerier(g.mode, g.api, eps, inPlace, pick, rekeyed, seed+uint64(i))
 		go g.q.run()
 	}
 	ctx, cancel := context.WithCancel(r.ctx)
@@ -335,7 +390,7 @@ func (r *run) startQueries(seed uint64) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		pollCommits(ctx, adm, r.input, floors)
+		pollCommits(ctx, adm, targets)
 	}()
 	var once sync.Once
 	r.stopPoll = func() { once.Do(func() { cancel(); <-done }) }
@@ -346,8 +401,12 @@ func (r *run) startQueries(seed uint64) {
 		}
 		r.stopPoll()
 	})
-	r.tl.logf("query API: slots default %v, eos %v; %d requests/s per group to random slots (%v)",
-		r.groups[0].api, r.groups[1].api, time.Second/queryEvery, eps)
+	var names []string
+	for _, t := range rekeyed {
+		names = append(names, t.name)
+	}
+	r.tl.logf("query API: slots default %v, eos %v; %d requests/s per group to random slots (%v, re-keyed groups %v)",
+		r.groups[0].api, r.groups[1].api, time.Second/queryEvery, eps, names)
 }
 
 // stopQueries stops the queriers (waiting for the requests in flight) and the
@@ -364,7 +423,11 @@ func (r *run) stopQueries() {
 			if what == "" {
 				what = string(bytes.TrimSpace(q.body))
 			}
-			fmt.Fprintf(&b, "%s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\n", r.tl.at(q.sent), r.tl.at(q.answered), q.slot, q.ep, q.entity, q.status, q.retry, what)
+			ep := q.ep.String()
+			if q.group != "" {
+				ep += " " + q.group
+			}
+			fmt.Fprintf(&b, "%s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\n", r.tl.at(q.sent), r.tl.at(q.answered), q.slot, ep, q.entity, q.status, q.retry, what)
 		}
 		if err := os.WriteFile(filepath.Join(r.dir, "api-"+g.mode+".log"), []byte(b.String()), 0o644); err != nil {
 			r.t.Logf("write the query API's log: %v", err)

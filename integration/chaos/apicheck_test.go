@@ -206,17 +206,20 @@ func floorDiv(a, b int64) int64 {
 // state is a partition's state as an answer at (last_offset, pending) must see
 // it.
 type state struct {
-	accepted   int     // accepted events at offsets ≤ last_offset
-	candidates []int   // those that may be pending: event time above the watermark, newest offset first
-	pending    []int   // the pending ones (indices into acc)
-	counted    []int   // the entity's counted events (indices into acc), in offset order
-	asOf       int64   // the default as_of
-	from, to   int64   // at_range
-	wm         int64   // the watermark (maxSeen − lateness); valid when accepted > 0
-	lastSweep  int64   // 0: none
-	newest     int64   // the newest counted event time; valid when hasNewest
-	hasNewest  bool    // some event is counted
-	entityEvs  []genTx // the entity's counted transactions, in offset order
+	accepted   int   // accepted events at offsets ≤ last_offset
+	candidates []int // those that may be pending: event time above the watermark, newest offset first
+	pending    []int // the pending ones (indices into acc)
+	counted    []int // the entity's counted events (indices into acc), in offset order
+	asOf       int64 // the default as_of
+	from, to   int64 // at_range
+	wm         int64 // the watermark (maxSeen − lateness); valid when accepted > 0
+	lastSweep  int64 // 0: none
+	// fromUnknown: the last sweep is not known (a re-keyed group's outputs
+	// disagree on how an event was counted), and at_range.from is not judged.
+	fromUnknown bool
+	newest      int64   // the newest counted event time; valid when hasNewest
+	hasNewest   bool    // some event is counted
+	entityEvs   []genTx // the entity's counted transactions, in offset order
 }
 
 // at computes partition p's state when it has processed every offset up to
@@ -384,17 +387,56 @@ type answerVerdict struct {
 type apiStats struct {
 	sent, ok, unavailable, other, transport, skipped, floored int
 	estimates                                                 int // distinct counts left unjudged: sampled estimates
+	groups                                                    int // 200s of re-keyed groups, judged
+	unjudged                                                  int // 200s of re-keyed groups with no model to judge them by
 }
 
 func (s apiStats) String() string {
-	return fmt.Sprintf("%d requests: %d answered 200, %d 503, %d other statuses, %d without an answer (refused, timed out, reset); %d 200s had a committed offset before them; %d sampled distinct estimates not judged; %d ticks skipped (too many in flight)",
-		s.sent, s.ok, s.unavailable, s.other, s.transport, s.floored, s.estimates, s.skipped)
+	return fmt.Sprintf("%d requests: %d answered 200 (%d of them re-keyed groups', and %d of those not judged), %d 503, %d other statuses, %d without an answer (refused, timed out, reset); %d 200s had a committed offset before them; %d sampled distinct estimates not judged; %d ticks skipped (too many in flight)",
+		s.sent, s.ok, s.groups+s.unjudged, s.unjudged, s.unavailable, s.other, s.transport, s.floored, s.estimates, s.skipped)
+}
+
+// judgeEnv is what answers are judged by besides the input partitions' model:
+// the committed offsets over the run of the group's input partitions (key "")
+// and of each re-keyed group's second stages (key: the group's name), and the
+// re-keyed groups' models (none: their answers are not judged).
+type judgeEnv struct {
+	floors map[string]*commitTimeline
+	groups map[string]*groupModel
+	rel    func(time.Time) string
+}
+
+// view is one state model as judge reads it: the input partitions' (velocity,
+// features, the in-place group) or a re-keyed group's second stages'.
+type view struct {
+	ends map[int32]int64 // per partition, the end offset: every answer's last_offset is below it
+	at   func(p int32, last int64, pending int, key string) (state, error)
+	// behind says whether a state at last misses a record below floor, the
+	// committed offset (the next to consume).
+	behind   func(p int32, last, floor int64) bool
+	describe func(s state, p int32, last int64) string
+	def      *definition.Definition // the features answers are computed by (nil: velocity only)
+	label    string                 // what "definition" says
+	group    string                 // what "group" says, on the group routes
+}
+
+func (m *apiModel) view() *view {
+	v := &view{
+		ends: m.ends, at: m.at, def: m.def, label: m.label,
+		// Every input offset is a record (the input is not transactional).
+		behind:   func(_ int32, last, floor int64) bool { return last+1 < floor },
+		describe: func(s state, p int32, last int64) string { return s.describe(m, p, last) },
+	}
+	if m.def != nil {
+		v.group = m.def.Group
+	}
+	return v
 }
 
 // judge checks one request's answer against the model and the group's
 // committed offsets; the invariants are written above the code that checks
 // them.
-func (m *apiModel) judge(req *apiRequest, floors *commitTimeline, rel func(time.Time) string, st *apiStats) []answerVerdict {
+func (m *apiModel) judge(req *apiRequest, env *judgeEnv, st *apiStats) []answerVerdict {
 	if req.err != "" {
 		// No answer: a killed instance refuses, a frozen one times out, a stopping
 		// one resets. Nothing to judge.
@@ -425,6 +467,16 @@ func (m *apiModel) judge(req *apiRequest, floors *commitTimeline, rel func(time.
 		return []answerVerdict{{"unexpected status", "want 200 or 503"}}
 	}
 	st.ok++
+	v, floorsOf := m.view(), ""
+	if req.ep == epRekeyed {
+		gm := env.groups[req.group]
+		if gm == nil {
+			st.unjudged++
+			return nil
+		}
+		st.groups++
+		v, floorsOf = gm.view(), req.group
+	}
 
 	var common commonAnswer
 	var va velocityAnswer
@@ -463,8 +515,8 @@ func (m *apiModel) judge(req *apiRequest, floors *commitTimeline, rel func(time.
 	if want := apiPartition(req.entity); p != want {
 		return []answerVerdict{{"wrong partition", fmt.Sprintf("partition %d, want %d (murmur2 of the id)", p, want)}}
 	}
-	if last < -1 || last >= m.ends[p] {
-		return []answerVerdict{{"offset beyond the input", fmt.Sprintf("last_offset %d, want -1 to %d (the input's end is %d)", last, m.ends[p]-1, m.ends[p])}}
+	if last < -1 || last >= v.ends[p] {
+		return []answerVerdict{{"offset beyond the input", fmt.Sprintf("last_offset %d, want -1 to %d (the partition's end is %d)", last, v.ends[p]-1, v.ends[p])}}
 	}
 	var out []answerVerdict
 
@@ -476,17 +528,20 @@ func (m *apiModel) judge(req *apiRequest, floors *commitTimeline, rel func(time.
 	// what it commits. So an answer sent after the group had committed C for the
 	// partition reflects every offset below C: last_offset ≥ C − 1. One below it
 	// comes from an instance that no longer owns the partition and does not know
-	// it yet (a zombie: frozen past its session timeout, woken up).
-	if floor, at, ok := floors.before(p, req.sent); ok {
+	// it yet (a zombie: frozen past its session timeout, woken up). A second
+	// stage's repartition partition has the same rule, where the records below
+	// C (not every offset: under --exactly-once some are transaction markers)
+	// must be at or below last_offset.
+	if floor, at, ok := env.floors[floorsOf].before(p, req.sent); ok {
 		st.floored++
-		if last+1 < floor {
+		if v.behind(p, last, floor) {
 			out = append(out, answerVerdict{"answer from a previous owner's state", fmt.Sprintf(
 				"last_offset %d, but the group had committed offset %d for partition %d by %s, before the request was sent: want last_offset ≥ %d",
-				last, floor, p, rel(at), floor-1)})
+				last, floor, p, env.rel(at), floor-1)})
 		}
 	}
 
-	s, err := m.at(p, last, *common.Pending, req.entity)
+	s, err := v.at(p, last, *common.Pending, req.entity)
 	if err != nil {
 		return append(out, answerVerdict{"wrong pending", err.Error()})
 	}
@@ -503,7 +558,7 @@ func (m *apiModel) judge(req *apiRequest, floors *commitTimeline, rel func(time.
 	if want := time.UnixMilli(*common.AsOf).UTC().Format(time.RFC3339Nano); *common.AsOfTime != want {
 		diffs = append(diffs, fmt.Sprintf("as_of_time = %q, want %q", *common.AsOfTime, want))
 	}
-	if *common.AtRange.From != s.from || *common.AtRange.To != s.to {
+	if (!s.fromUnknown && *common.AtRange.From != s.from) || *common.AtRange.To != s.to {
 		diffs = append(diffs, fmt.Sprintf("at_range = [%d, %d], want [%d, %d]", *common.AtRange.From, *common.AtRange.To, s.from, s.to))
 	}
 	if *common.Known != (len(s.counted) > 0) {
@@ -525,29 +580,28 @@ func (m *apiModel) judge(req *apiRequest, floors *commitTimeline, rel func(time.
 			}
 		}
 	} else {
-		diffs = append(diffs, m.judgeFeatures(req, &fa, s, st)...)
+		diffs = append(diffs, judgeFeatures(v, req, &fa, s, st)...)
 	}
 	if len(diffs) > 0 {
-		out = append(out, answerVerdict{"answer unlike the input's", strings.Join(diffs, "; ") + s.describe(m, p, last)})
+		out = append(out, answerVerdict{"answer unlike the input's", strings.Join(diffs, "; ") + v.describe(s, p, last)})
 	}
 	return out
 }
 
-// judgeFeatures checks a features answer (the entity's, or the in-place
-// group's through the group endpoint) against the definition's features of
-// the counted events.
-func (m *apiModel) judgeFeatures(req *apiRequest, fa *featuresAnswer, s state, st *apiStats) []string {
-	def := m.def
+// judgeFeatures checks a features answer (the entity's, a group's through the
+// group endpoint) against the definition's features of the counted events.
+func judgeFeatures(v *view, req *apiRequest, fa *featuresAnswer, s state, st *apiStats) []string {
+	def := v.def
 	var diffs []string
-	if req.ep == epGroup && (fa.Group == nil || *fa.Group != def.Group) {
+	if (req.ep == epGroup || req.ep == epRekeyed) && (fa.Group == nil || *fa.Group != v.group) {
 		got := "none"
 		if fa.Group != nil {
 			got = strconv.Quote(*fa.Group)
 		}
-		diffs = append(diffs, fmt.Sprintf("group = %s, want %q", got, def.Group))
+		diffs = append(diffs, fmt.Sprintf("group = %s, want %q", got, v.group))
 	}
-	if fa.Definition == nil || *fa.Definition != m.label {
-		diffs = append(diffs, fmt.Sprintf("definition = %v, want %q", strOr(fa.Definition), m.label))
+	if fa.Definition == nil || *fa.Definition != v.label {
+		diffs = append(diffs, fmt.Sprintf("definition = %v, want %q", strOr(fa.Definition), v.label))
 	}
 	want := map[string]bool{}
 	wantExact := map[string]bool{}
@@ -668,7 +722,7 @@ func (s state) describe(m *apiModel, p int32, last int64) string {
 // checkAnswers judges every answer of one group and returns one paragraph per
 // kind of broken invariant, each with the count and the first few requests
 // (when, which slot, what, the answer, the expectation).
-func (m *apiModel) checkAnswers(reqs []*apiRequest, floors *commitTimeline, rel func(time.Time) string, st *apiStats) []string {
+func (m *apiModel) checkAnswers(reqs []*apiRequest, env *judgeEnv, st *apiStats) []string {
 	slices.SortFunc(reqs, func(a, b *apiRequest) int { return a.sent.Compare(b.sent) })
 	st.sent += len(reqs)
 	type bad struct {
@@ -678,7 +732,7 @@ func (m *apiModel) checkAnswers(reqs []*apiRequest, floors *commitTimeline, rel 
 	kinds := map[string]*bad{}
 	var order []string
 	for _, req := range reqs {
-		for _, v := range m.judge(req, floors, rel, st) {
+		for _, v := range m.judge(req, env, st) {
 			b := kinds[v.kind]
 			if b == nil {
 				b = &bad{}
@@ -692,7 +746,7 @@ func (m *apiModel) checkAnswers(reqs []*apiRequest, floors *commitTimeline, rel 
 					body = body[:700] + "…"
 				}
 				b.examples = append(b.examples, fmt.Sprintf("\n    GET %s (slot %d, sent %s, answered %s): %d, Retry-After %q, Content-Type %q, body %s\n      %s",
-					req.url, req.slot, rel(req.sent), rel(req.answered), req.status, req.retry, req.ctype, body, v.detail))
+					req.url, req.slot, env.rel(req.sent), env.rel(req.answered), req.status, req.retry, req.ctype, body, v.detail))
 			}
 		}
 	}

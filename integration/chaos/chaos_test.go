@@ -327,8 +327,11 @@ type group struct {
 	api     [slots]string
 	q       *querier
 	commits *commitTimeline
-	reqs    []*apiRequest
-	skipped int
+	// groupCommits are, by re-keyed group, its second stages' committed
+	// offsets of the repartition topic over the run.
+	groupCommits map[string]*commitTimeline
+	reqs         []*apiRequest
+	skipped      int
 }
 
 // run is one schedule over one input, consumed by a default-mode group and
@@ -391,6 +394,7 @@ func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, v variant, s
 		}
 		snapTopic := kafkatest.Name(t, "snap")
 		g.commits = &commitTimeline{}
+		g.groupCommits = map[string]*commitTimeline{}
 		for i := range g.inst {
 			port, err := freePort(portRng, ports)
 			if err != nil {
@@ -519,7 +523,17 @@ func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, v variant, s
 		case modelErr != nil:
 			fails = append(fails, fmt.Sprintf("query API: no answer judged: %v", modelErr))
 		case model != nil:
-			fails = append(fails, model.checkAnswers(g.reqs, g.commits, tl.at, st)...)
+			je := &judgeEnv{floors: map[string]*commitTimeline{"": g.commits}, rel: tl.at}
+			for name, c := range g.groupCommits {
+				je.floors[name] = c
+			}
+			if len(g.groups.rk) > 0 {
+				var err error
+				if je.groups, err = r.groupModels(g, vin.gen); err != nil {
+					fails = append(fails, fmt.Sprintf("query API: re-keyed groups' answers not judged: %v", err))
+				}
+			}
+			fails = append(fails, model.checkAnswers(g.reqs, je, st)...)
 			// Refusing is always allowed, so an API that refused every read would
 			// pass every other check: most of a run has a live, settled owner,
 			// and 200s were 29 % or more of the answers in every run so far.

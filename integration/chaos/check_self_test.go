@@ -126,6 +126,7 @@ func apiChecksFire(t *testing.T) {
 			sent: sent, answered: sent, status: status, retry: retry, ctype: "application/json", body: body}
 	}
 	rel := func(at time.Time) string { return at.Sub(begin).String() }
+	env := &judgeEnv{floors: map[string]*commitTimeline{"": floors}, rel: rel}
 
 	good := []*apiRequest{
 		req(200, "", velocity(3, 1, 2, 400, 100, 300)), // last_offset = committed − 1: not stale
@@ -133,7 +134,7 @@ func apiChecksFire(t *testing.T) {
 		{mode: "default", entity: entity, url: "http://127.0.0.1:1/", sent: sent, err: "connection refused"},
 	}
 	var st apiStats
-	if got := m.checkAnswers(good, floors, rel, &st); len(got) != 0 {
+	if got := m.checkAnswers(good, env, &st); len(got) != 0 {
 		t.Fatalf("answers that keep every invariant fail: %v", got)
 	}
 	if st.ok != 1 || st.unavailable != 1 || st.transport != 1 || st.floored != 1 {
@@ -154,7 +155,7 @@ func apiChecksFire(t *testing.T) {
 		{"another entity", func() *apiRequest { r := req(200, "", velocity(3, 1, 2, 400, 100, 300)); r.entity = "card-x"; return r }(), []string{"wrong entity"}},
 	}
 	for _, c := range cases {
-		got := strings.Join(m.checkAnswers([]*apiRequest{c.req}, floors, rel, &apiStats{}), "\n")
+		got := strings.Join(m.checkAnswers([]*apiRequest{c.req}, env, &apiStats{}), "\n")
 		for _, w := range c.want {
 			if !strings.Contains(got, w) {
 				t.Errorf("%s: the report lacks %q:\n%s", c.name, w, got)
@@ -184,7 +185,7 @@ func apiChecksFire(t *testing.T) {
 		r.ep = epFeatures
 		return r
 	}
-	if got := fm.checkAnswers([]*apiRequest{freq(features("100", "true"))}, floors, rel, &apiStats{}); len(got) != 0 {
+	if got := fm.checkAnswers([]*apiRequest{freq(features("100", "true"))}, env, &apiStats{}); len(got) != 0 {
 		t.Fatalf("a right features answer fails: %v", got)
 	}
 	for _, c := range []struct {
@@ -195,7 +196,7 @@ func apiChecksFire(t *testing.T) {
 		{"wrong filtered min", features("300", "true"), []string{"features.eur_min_1m = 300, want 100"}},
 		{"inexact small set", features("100", "false"), []string{"exact.ids_exact = false, want true", "2 distinct values, max_exact 8"}},
 	} {
-		got := strings.Join(fm.checkAnswers([]*apiRequest{freq(c.body)}, floors, rel, &apiStats{}), "\n")
+		got := strings.Join(fm.checkAnswers([]*apiRequest{freq(c.body)}, env, &apiStats{}), "\n")
 		for _, w := range c.want {
 			if !strings.Contains(got, w) {
 				t.Errorf("%s: the report lacks %q:\n%s", c.name, w, got)
