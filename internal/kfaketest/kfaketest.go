@@ -41,3 +41,33 @@ func RefuseProduces(c *kfake.Cluster, n int32) *atomic.Int32 {
 	})
 	return &refused
 }
+
+// FailListOffsets answers the cluster's next n ListOffsets requests with err
+// for every partition in them, as a broker answers while a partition's leader
+// restarts or moves (NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE), and lets
+// later ones through. It returns the count of requests failed so far.
+func FailListOffsets(c *kfake.Cluster, n int32, err *kerr.Error) *atomic.Int32 {
+	var failed atomic.Int32
+	c.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		if failed.Load() >= n {
+			return nil, nil, false
+		}
+		c.KeepControl()
+		failed.Add(1)
+		lr := req.(*kmsg.ListOffsetsRequest)
+		resp := lr.ResponseKind().(*kmsg.ListOffsetsResponse)
+		for _, rt := range lr.Topics {
+			st := kmsg.NewListOffsetsResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewListOffsetsResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = err.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	return &failed
+}

@@ -560,22 +560,11 @@ func (st *manifestState) apply(want string, r *kgo.Record) {
 func (s *KafkaStore) refresh(ctx context.Context, key Key) (manifestState, error) {
 	s.tailMu.Lock()
 	defer s.tailMu.Unlock()
-	var ends kadm.ListedOffsets
-	err := retryTransient(ctx, func() (err error) {
-		ends, err = s.adm.ListEndOffsets(ctx, s.topic)
-		return err
-	})
+	end, err := s.listOffset(ctx, manifestPartition, s.adm.ListEndOffsets, "end")
 	if err != nil {
-		return manifestState{}, fmt.Errorf("list end offsets of %s: %w", s.topic, s.explain(err))
+		return manifestState{}, err
 	}
-	end, ok := ends.Lookup(s.topic, manifestPartition)
-	if !ok {
-		return manifestState{}, fmt.Errorf("list end offset of %s/%d: not in the answer", s.topic, manifestPartition)
-	}
-	if end.Err != nil {
-		return manifestState{}, fmt.Errorf("list end offset of %s/%d: %w", s.topic, manifestPartition, s.explain(end.Err))
-	}
-	if err := s.tailTo(ctx, end.Offset); err != nil {
+	if err := s.tailTo(ctx, end); err != nil {
 		return manifestState{}, err
 	}
 	if st, ok := s.tailStates[string(manifestKey(key))]; ok {
@@ -667,33 +656,16 @@ func (s *KafkaStore) tailTo(ctx context.Context, end int64) error {
 // the end offset listed when it begins, calling fn for each record until fn
 // returns false.
 func (s *KafkaStore) scan(ctx context.Context, p int32, from int64, fn func(*kgo.Record) bool) error {
-	var ends, starts kadm.ListedOffsets
-	err := retryTransient(ctx, func() (err error) {
-		ends, err = s.adm.ListEndOffsets(ctx, s.topic)
-		return err
-	})
+	end, err := s.listOffset(ctx, p, s.adm.ListEndOffsets, "end")
 	if err != nil {
-		return fmt.Errorf("list end offsets of %s: %w", s.topic, s.explain(err))
-	}
-	end, ok := ends.Lookup(s.topic, p)
-	if !ok {
-		return fmt.Errorf("list end offset of %s/%d: not in the answer", s.topic, p)
-	}
-	if end.Err != nil {
-		return fmt.Errorf("list end offset of %s/%d: %w", s.topic, p, s.explain(end.Err))
-	}
-	err = retryTransient(ctx, func() (err error) {
-		starts, err = s.adm.ListStartOffsets(ctx, s.topic)
 		return err
-	})
+	}
+	start, err := s.listOffset(ctx, p, s.adm.ListStartOffsets, "start")
 	if err != nil {
-		return fmt.Errorf("list start offsets of %s: %w", s.topic, s.explain(err))
+		return err
 	}
-	start, _ := starts.Lookup(s.topic, p)
-	if from < start.Offset {
-		from = start.Offset
-	}
-	if from >= end.Offset {
+	from = max(from, start)
+	if from >= end {
 		return nil
 	}
 	var answers fetchAnswers
@@ -722,7 +694,7 @@ func (s *KafkaStore) scan(ctx context.Context, p int32, from int64, fn func(*kgo
 		fs := cl.PollFetches(pctx)
 		cancel()
 		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("read %s/%d up to offset %d: %w", s.topic, p, end.Offset, err)
+			return fmt.Errorf("read %s/%d up to offset %d: %w", s.topic, p, end, err)
 		}
 		// Errors first, as in tailTo: a refused fetch is not silence.
 		var ferr error
@@ -751,11 +723,11 @@ func (s *KafkaStore) scan(ctx context.Context, p int32, from int64, fn func(*kgo
 			if done {
 				return
 			}
-			if r.Offset >= end.Offset {
+			if r.Offset >= end {
 				done = true
 				return
 			}
-			if !fn(r) || r.Offset >= end.Offset-1 {
+			if !fn(r) || r.Offset >= end-1 {
 				done = true
 			}
 		})
@@ -781,6 +753,36 @@ func (s *KafkaStore) scan(ctx context.Context, p int32, from int64, fn func(*kgo
 // caller's bound, as its writes do (franz-go retries produces).
 func retryTransient(ctx context.Context, do func() error) error {
 	return retry.Do(ctx, 2*time.Second, retry.Transient, do)
+}
+
+// listOffset lists partition p's start or end offset (list: kadm's
+// ListStartOffsets or ListEndOffsets), retrying what may pass. kadm returns a
+// partition's error inside the answer, not as the call's: a partition whose
+// leader is restarting or has just been elected answers NOT_LEADER_OR_FOLLOWER
+// or UNKNOWN_TOPIC_OR_PARTITION for a while, and a topic the broker does not
+// know yet is listed under partition -1. Taken for final, those stopped a
+// checkpoint (a failed save stops the service) over a broker restart.
+func (s *KafkaStore) listOffset(ctx context.Context, p int32, list func(context.Context, ...string) (kadm.ListedOffsets, error), which string) (int64, error) {
+	var off int64
+	err := retryTransient(ctx, func() error {
+		listed, err := list(ctx, s.topic)
+		if err != nil {
+			return err
+		}
+		o, ok := listed.Lookup(s.topic, p)
+		if !ok {
+			if t, ok := listed.Lookup(s.topic, -1); ok && t.Err != nil {
+				return t.Err
+			}
+			return fmt.Errorf("partition %d not in the answer", p)
+		}
+		off = o.Offset
+		return o.Err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("list %s offset of %s/%d: %w", which, s.topic, p, s.explain(err))
+	}
+	return off, nil
 }
 
 // explain says what to grant when the broker refused the snapshot topic.

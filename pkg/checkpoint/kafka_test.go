@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -390,5 +391,38 @@ func TestKafkaStoreSavesThroughAJustCreatedTopic(t *testing.T) {
 	}
 	if got := mustLoad(t, s, key); got.Next != want.Next || !bytes.Equal(got.State, want.State) {
 		t.Fatalf("loaded next %d, %d bytes: want the saved snapshot", got.Next, len(got.State))
+	}
+}
+
+// TestKafkaStoreThroughPartitionErrorsInListings: while the snapshot topic's
+// partition leader restarts or moves, the broker answers list-offsets requests
+// with an error per partition inside a successful response. Save's fencing
+// read and Load's scan must retry those as they retry a failed request: taken
+// for final, one stopped the checkpoint, and a failed save stops the service.
+func TestKafkaStoreThroughPartitionErrorsInListings(t *testing.T) {
+	for _, code := range []*kerr.Error{kerr.NotLeaderForPartition, kerr.LeaderNotAvailable, kerr.UnknownTopicOrPartition} {
+		t.Run(code.Message, func(t *testing.T) {
+			cl, err := kfake.NewCluster(kfake.NumBrokers(1))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(cl.Close)
+			s := openFake(t, cl.ListenAddrs(), 64)
+			key := Key{Group: "grp/1", Topic: "tx", Partition: 2}
+			want := Snapshot{Next: 9, State: bytes.Repeat([]byte("state "), 30)}
+			failed := kfaketest.FailListOffsets(cl, 3, code)
+			mustSave(t, s, key, want)
+			if n := failed.Load(); n != 3 {
+				t.Fatalf("%d list-offsets requests failed, want 3", n)
+			}
+			failed = kfaketest.FailListOffsets(cl, 3, code)
+			fresh := openFake(t, cl.ListenAddrs(), 64)
+			if got := mustLoad(t, fresh, key); got.Next != want.Next || !bytes.Equal(got.State, want.State) {
+				t.Fatalf("loaded next %d, %d bytes: want the saved snapshot", got.Next, len(got.State))
+			}
+			if n := failed.Load(); n != 3 {
+				t.Fatalf("%d list-offsets requests failed during the load, want 3", n)
+			}
+		})
 	}
 }
