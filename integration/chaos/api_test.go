@@ -5,6 +5,7 @@ package chaos
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -72,10 +73,11 @@ const (
 	epFeatures                 // GET /v1/entities/{id}/features (under a definition)
 	epGroup                    // GET /v1/groups/{in-place group}/entities/{id}/features (under a definition with groups)
 	epRekeyed                  // GET /v1/groups/{re-keyed group}/entities/{key}/features
+	epTxn                      // POST /v1/transaction/features: every group's key of one transaction
 )
 
 func (e endpoint) String() string {
-	return [...]string{"velocity", "features", "group", "rekeyed"}[e]
+	return [...]string{"velocity", "features", "group", "rekeyed", "transaction"}[e]
 }
 
 // rekeyedTarget is a re-keyed group the querier asks, and how it draws keys.
@@ -86,11 +88,14 @@ type rekeyedTarget struct {
 
 // apiRequest is one request the querier sent and what came back.
 type apiRequest struct {
-	mode     string // the group's: default or eos
-	slot     int
-	ep       endpoint
-	group    string // epRekeyed: the re-keyed group
-	entity   string // the entity id, or the re-keyed group's key
+	mode   string // the group's: default or eos
+	slot   int
+	ep     endpoint
+	group  string // epRekeyed: the re-keyed group
+	entity string // the entity id, or the re-keyed group's key
+	// keys are a transaction call's (epTxn): by group, the key asked, or
+	// nil for a null one (which leaves the group out of the answer).
+	keys     map[string]*string
 	url      string
 	sent     time.Time // just before the request was handed to the client
 	answered time.Time
@@ -110,6 +115,7 @@ type querier struct {
 	group   string // the in-place group's name on /v1/groups/... (epGroup)
 	pick    func(*rand.Rand) string
 	rekeyed []rekeyedTarget // asked as often as each endpoint of eps
+	txn     bool            // also the transaction call, with the in-place group and every re-keyed one
 	rng     *rand.Rand
 	client  *http.Client
 	mu      sync.Mutex
@@ -142,6 +148,8 @@ func (q *querier) path(ep endpoint, group, entity string) string {
 		return "/v1/groups/" + url.PathEscape(q.group) + "/entities/" + id + "/features"
 	case epRekeyed:
 		return "/v1/groups/" + url.PathEscape(group) + "/entities/" + id + "/features"
+	case epTxn:
+		return "/v1/transaction/features"
 	}
 	return "/v1/entities/" + id + "/velocity"
 }
@@ -163,11 +171,32 @@ func (q *querier) run() {
 		slot := q.rng.IntN(slots)
 		var ep endpoint
 		var group, entity string
-		if i := q.rng.IntN(len(q.eps) + len(q.rekeyed)); i < len(q.eps) {
+		var keys map[string]*string
+		n := len(q.eps) + len(q.rekeyed)
+		if q.txn {
+			n++
+		}
+		switch i := q.rng.IntN(n); {
+		case i < len(q.eps):
 			ep, entity = q.eps[i], q.pick(q.rng)
-		} else {
+		case i < len(q.eps)+len(q.rekeyed):
 			t := q.rekeyed[i-len(q.eps)]
 			ep, group, entity = epRekeyed, t.name, t.pick(q.rng)
+		default:
+			// Keys drawn each on its own (a transaction of the input has one
+			// of each, but any combination is a valid call), one in six of
+			// the re-keyed ones null: the group is then left out.
+			ep, keys = epTxn, map[string]*string{}
+			e := q.pick(q.rng)
+			keys[q.group] = &e
+			for _, t := range q.rekeyed {
+				if q.rng.IntN(6) == 0 {
+					keys[t.name] = nil
+					continue
+				}
+				k := t.pick(q.rng)
+				keys[t.name] = &k
+			}
 		}
 		select {
 		case inFlight <- struct{}{}:
@@ -177,7 +206,7 @@ func (q *querier) run() {
 			q.mu.Unlock()
 			continue
 		}
-		req := &apiRequest{mode: q.mode, slot: slot, ep: ep, group: group, entity: entity, url: q.bases[slot] + q.path(ep, group, entity)}
+		req := &apiRequest{mode: q.mode, slot: slot, ep: ep, group: group, entity: entity, keys: keys, url: q.bases[slot] + q.path(ep, group, entity)}
 		q.wg.Add(1)
 		go func() {
 			defer q.wg.Done()
@@ -191,7 +220,16 @@ func (q *querier) run() {
 }
 
 func (q *querier) send(req *apiRequest) {
-	hr, err := http.NewRequest(http.MethodGet, req.url, nil)
+	method, body := http.MethodGet, io.Reader(nil)
+	if req.ep == epTxn {
+		b, err := json.Marshal(map[string]any{"keys": req.keys})
+		if err != nil {
+			req.err = err.Error()
+			return
+		}
+		method, body = http.MethodPost, bytes.NewReader(b)
+	}
+	hr, err := http.NewRequest(method, req.url, body)
 	if err != nil {
 		req.err = err.Error()
 		return
@@ -383,6 +421,7 @@ func (r *run) startQueries(seed uint64) {
 			targets = append(targets, pollTarget{group: g.name + "." + t.name, topic: repartitionTopic(g.name, t.name), tl: tl})
 		}
 		g.q = newQuerier(g.mode, g.api, eps, inPlace, pick, rekeyed, seed+uint64(i))
+		g.q.txn = len(rekeyed) > 0
 		go g.q.run()
 	}
 	ctx, cancel := context.WithCancel(r.ctx)
@@ -405,8 +444,8 @@ func (r *run) startQueries(seed uint64) {
 	for _, t := range rekeyed {
 		names = append(names, t.name)
 	}
-	r.tl.logf("query API: slots default %v, eos %v; %d requests/s per group to random slots (%v, re-keyed groups %v)",
-		r.groups[0].api, r.groups[1].api, time.Second/queryEvery, eps, names)
+	r.tl.logf("query API: slots default %v, eos %v; %d requests/s per group to random slots (%v, re-keyed groups %v, transaction call %v)",
+		r.groups[0].api, r.groups[1].api, time.Second/queryEvery, eps, names, len(rekeyed) > 0)
 }
 
 // stopQueries stops the queriers (waiting for the requests in flight) and the
@@ -422,6 +461,10 @@ func (r *run) stopQueries() {
 			what := q.err
 			if what == "" {
 				what = string(bytes.TrimSpace(q.body))
+			}
+			if q.ep == epTxn {
+				k, _ := json.Marshal(q.keys)
+				what = string(k) + " " + what
 			}
 			ep := q.ep.String()
 			if q.group != "" {

@@ -389,11 +389,12 @@ type apiStats struct {
 	estimates                                                 int // distinct counts left unjudged: sampled estimates
 	groups                                                    int // 200s of re-keyed groups, judged
 	unjudged                                                  int // 200s of re-keyed groups with no model to judge them by
+	txns                                                      int // transaction calls answered 200 (their entries are counted as answers too)
 }
 
 func (s apiStats) String() string {
-	return fmt.Sprintf("%d requests: %d answered 200 (%d of them re-keyed groups', and %d of those not judged), %d 503, %d other statuses, %d without an answer (refused, timed out, reset); %d 200s had a committed offset before them; %d sampled distinct estimates not judged; %d ticks skipped (too many in flight)",
-		s.sent, s.ok, s.groups+s.unjudged, s.unjudged, s.unavailable, s.other, s.transport, s.floored, s.estimates, s.skipped)
+	return fmt.Sprintf("%d requests: %d answered 200 (%d of them re-keyed groups', and %d of those not judged; %d transaction calls, whose entries count as answers), %d 503, %d other statuses, %d without an answer (refused, timed out, reset); %d 200s had a committed offset before them; %d sampled distinct estimates not judged; %d ticks skipped (too many in flight)",
+		s.sent, s.ok, s.groups+s.unjudged, s.unjudged, s.txns, s.unavailable, s.other, s.transport, s.floored, s.estimates, s.skipped)
 }
 
 // judgeEnv is what answers are judged by besides the input partitions' model:
@@ -467,6 +468,9 @@ func (m *apiModel) judge(req *apiRequest, env *judgeEnv, st *apiStats) []answerV
 		return []answerVerdict{{"unexpected status", "want 200 or 503"}}
 	}
 	st.ok++
+	if req.ep == epTxn {
+		return m.judgeTxn(req, env, st)
+	}
 	v, floorsOf := m.view(), ""
 	if req.ep == epRekeyed {
 		gm := env.groups[req.group]
@@ -584,6 +588,75 @@ func (m *apiModel) judge(req *apiRequest, env *judgeEnv, st *apiStats) []answerV
 	}
 	if len(diffs) > 0 {
 		out = append(out, answerVerdict{"answer unlike the input's", strings.Join(diffs, "; ") + v.describe(s, p, last)})
+	}
+	return out
+}
+
+// judgeTxn checks a transaction call's 200 (docs/api.md, "One call for the
+// keys of one transaction"): one entry per group asked with a key, none for a
+// null one; each entry the status that group's lookup alone could have got
+// (200 or 503: every key is well-formed), a 503 with its error, and a 200's
+// features that lookup's answer, judged as one, by the same model and the
+// same committed offsets.
+func (m *apiModel) judgeTxn(req *apiRequest, env *judgeEnv, st *apiStats) []answerVerdict {
+	st.txns++
+	var ans struct {
+		Groups map[string]json.RawMessage `json:"groups"`
+	}
+	if err := json.Unmarshal(req.body, &ans); err != nil || ans.Groups == nil {
+		return []answerVerdict{{"unreadable 200", fmt.Sprintf("the body is not the documented JSON (an object of groups): %v", err)}}
+	}
+	var want, got []string
+	for name, k := range req.keys {
+		if k != nil {
+			want = append(want, name)
+		}
+	}
+	for name := range ans.Groups {
+		got = append(got, name)
+	}
+	slices.Sort(want)
+	slices.Sort(got)
+	var out []answerVerdict
+	if !slices.Equal(want, got) {
+		out = append(out, answerVerdict{"transaction call: wrong groups", fmt.Sprintf("entries for %v, want one per group asked with a key: %v", got, want)})
+	}
+	for _, name := range got {
+		k := req.keys[name]
+		if k == nil {
+			continue
+		}
+		var e struct {
+			Status   int             `json:"status"`
+			Features json.RawMessage `json:"features"`
+			Error    *struct {
+				Code string `json:"code"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal(ans.Groups[name], &e); err != nil {
+			out = append(out, answerVerdict{"transaction call: unreadable entry", fmt.Sprintf("group %s: %v", name, err)})
+			continue
+		}
+		switch {
+		case e.Status == 200 && e.Features == nil:
+			out = append(out, answerVerdict{"transaction call: unreadable entry", fmt.Sprintf("group %s: status 200 without features", name)})
+			continue
+		case e.Status != 200 && (e.Error == nil || e.Error.Code == ""):
+			out = append(out, answerVerdict{"transaction call: unreadable entry", fmt.Sprintf("group %s: status %d without an error code", name, e.Status)})
+			continue
+		}
+		// The entry as the group's own lookup: its 503 needs no Retry-After
+		// of its own (the call is a 200).
+		sub := *req
+		sub.keys, sub.entity, sub.status, sub.body, sub.retry = nil, *k, e.Status, e.Features, "(entry)"
+		if name == m.def.Group {
+			sub.ep = epGroup
+		} else {
+			sub.ep, sub.group = epRekeyed, name
+		}
+		for _, v := range m.judge(&sub, env, st) {
+			out = append(out, answerVerdict{"transaction call: " + v.kind, "group " + name + ": " + v.detail})
+		}
 	}
 	return out
 }

@@ -19,7 +19,8 @@ import (
 // out, holds the last ones in release order pending, refuses a pending count
 // that would hold an event counted out of order, sweeps along the released
 // sequence only, and calls an answer stale by the records, not the offsets,
-// below a commit; and a wrong answer through the groups route is reported.
+// below a commit; and a wrong answer through the groups route is reported, as
+// is a transaction call's wrong entry, wrong set of entries, or unreadable one.
 func TestGroupChecksFire(t *testing.T) {
 	def, err := definition.LoadFile("testdata/tx_groups.yaml")
 	if err != nil {
@@ -157,6 +158,42 @@ func TestGroupChecksFire(t *testing.T) {
 	for _, w := range []string{"answer unlike the input's", "features.txns_10s = 2, want 3", "expected from rp/"} {
 		if !strings.Contains(got, w) {
 			t.Errorf("a wrong count: the report lacks %q:\n%s", w, got)
+		}
+	}
+
+	// The transaction call: the in-place group's key null (left out), cur's
+	// EUR; each entry judged as the group's own lookup.
+	tm := apiModel{def: def}
+	eur := "EUR"
+	txn := func(groups string) *apiRequest {
+		return &apiRequest{mode: "default", ep: epTxn, keys: map[string]*string{"entity": nil, "cur": &eur}, url: "http://127.0.0.1:1/v1/transaction/features",
+			sent: begin, answered: begin, status: 200, ctype: "application/json", body: []byte(`{"groups":{` + groups + `}}`)}
+	}
+	entry := func(txns10s int) string {
+		return `"cur":{"status":200,"features":` + string(answer(txns10s).body) + `}`
+	}
+	st = apiStats{}
+	if got := tm.checkAnswers([]*apiRequest{txn(entry(3))}, env, &st); len(got) != 0 {
+		t.Fatalf("a right transaction call fails: %v", got)
+	}
+	if st.txns != 1 || st.groups != 1 {
+		t.Errorf("stats %+v, want one transaction call and its one re-keyed entry judged", st)
+	}
+	for _, c := range []struct {
+		name, groups string
+		want         []string
+	}{
+		{"a wrong entry", entry(2), []string{"transaction call: answer unlike the input's", "group cur: features.txns_10s = 2, want 3"}},
+		{"a null key answered", entry(3) + `,"entity":{"status":503,"error":{"code":"unavailable"}}`, []string{"transaction call: wrong groups", "want one per group asked with a key: [cur]"}},
+		{"a group left out", ``, []string{"transaction call: wrong groups"}},
+		{"a 503 without its error", `"cur":{"status":503}`, []string{"transaction call: unreadable entry", "status 503 without an error code"}},
+		{"a 404 entry", `"cur":{"status":404,"error":{"code":"not_found"}}`, []string{"transaction call: 4xx to a well-formed request"}},
+	} {
+		got := strings.Join(tm.checkAnswers([]*apiRequest{txn(c.groups)}, env, &apiStats{}), "\n")
+		for _, w := range c.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("%s: the report lacks %q:\n%s", c.name, w, got)
+			}
 		}
 	}
 }
