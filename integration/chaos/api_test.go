@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -96,6 +97,7 @@ type apiRequest struct {
 	// keys are a transaction call's (epTxn): by group, the key asked, or
 	// nil for a null one (which leaves the group out of the answer).
 	keys     map[string]*string
+	at       *int64 // ?at=, Unix ms (nil: the default as_of)
 	url      string
 	sent     time.Time // just before the request was handed to the client
 	answered time.Time
@@ -116,6 +118,9 @@ type querier struct {
 	pick    func(*rand.Rand) string
 	rekeyed []rekeyedTarget // asked as often as each endpoint of eps
 	txn     bool            // also the transaction call, with the in-place group and every re-keyed one
+	// recent is the latest default as_of answered so far: where ?at= reads
+	// are drawn around (0: none yet, no ?at=).
+	recent  atomic.Int64
 	rng     *rand.Rand
 	client  *http.Client
 	mu      sync.Mutex
@@ -207,6 +212,14 @@ func (q *querier) run() {
 			continue
 		}
 		req := &apiRequest{mode: q.mode, slot: slot, ep: ep, group: group, entity: entity, keys: keys, url: q.bases[slot] + q.path(ep, group, entity)}
+		// One lookup in four asks ?at=, from 30 s before the latest as_of
+		// answered to 60 s after: mostly inside at_range, some before an
+		// entity's retained buckets or the last sweep (422s).
+		if r := q.recent.Load(); r > 0 && ep != epTxn && q.rng.IntN(4) == 0 {
+			at := r - 30_000 + q.rng.Int64N(90_000)
+			req.at = &at
+			req.url += "?at=" + strconv.FormatInt(at, 10)
+		}
 		q.wg.Add(1)
 		go func() {
 			defer q.wg.Done()
@@ -244,6 +257,15 @@ func (q *querier) send(req *apiRequest) {
 	req.answered = time.Now()
 	if err != nil {
 		req.err, req.status = err.Error(), 0
+	}
+	if req.status == 200 && req.at == nil && req.ep != epTxn {
+		var a struct {
+			AsOf int64 `json:"as_of"`
+		}
+		if json.Unmarshal(req.body, &a) == nil {
+			for r := q.recent.Load(); a.AsOf > r && !q.recent.CompareAndSwap(r, a.AsOf); r = q.recent.Load() {
+			}
+		}
 	}
 }
 

@@ -309,10 +309,13 @@ func (m *apiModel) at(p int32, last int64, pending int, entity string) (state, e
 
 // inWindow says whether an event at t is in window sp read at asOf: the
 // window rule of docs/api.md, buckets floor(asOf/b)−N+1 … floor(asOf/b), whole
-// buckets (every counted event is at or before the default as_of).
+// buckets (an event later than asOf in asOf's bucket counts). Only reads at or
+// after the bucket of the entity's newest counted event are answered (an
+// earlier ?at= is at_not_retained), so no counted event is in a later bucket.
 func inWindow(sp window.Spec, asOf, t int64) bool {
 	n := sp.WindowMs / sp.BucketMs
-	return floorDiv(t, sp.BucketMs) >= floorDiv(asOf, sp.BucketMs)-n+1 && t <= asOf
+	kt, ka := floorDiv(t, sp.BucketMs), floorDiv(asOf, sp.BucketMs)
+	return kt >= ka-n+1 && kt <= ka
 }
 
 // windowAgg is the count, sum, min and max of the entity's counted events in a
@@ -390,11 +393,12 @@ type apiStats struct {
 	groups                                                    int // 200s of re-keyed groups, judged
 	unjudged                                                  int // 200s of re-keyed groups with no model to judge them by
 	txns                                                      int // transaction calls answered 200 (their entries are counted as answers too)
+	ats, outOfRange                                           int // ?at= reads answered 200, and 422
 }
 
 func (s apiStats) String() string {
-	return fmt.Sprintf("%d requests: %d answered 200 (%d of them re-keyed groups', and %d of those not judged; %d transaction calls, whose entries count as answers), %d 503, %d other statuses, %d without an answer (refused, timed out, reset); %d 200s had a committed offset before them; %d sampled distinct estimates not judged; %d ticks skipped (too many in flight)",
-		s.sent, s.ok, s.groups+s.unjudged, s.unjudged, s.txns, s.unavailable, s.other, s.transport, s.floored, s.estimates, s.skipped)
+	return fmt.Sprintf("%d requests: %d answered 200 (%d of them re-keyed groups', and %d of those not judged; %d transaction calls, whose entries count as answers; %d ?at= reads answered 200 and %d 422), %d 503, %d other statuses, %d without an answer (refused, timed out, reset); %d 200s had a committed offset before them; %d sampled distinct estimates not judged; %d ticks skipped (too many in flight)",
+		s.sent, s.ok, s.groups+s.unjudged, s.unjudged, s.txns, s.ats, s.outOfRange, s.unavailable, s.other, s.transport, s.floored, s.estimates, s.skipped)
 }
 
 // judgeEnv is what answers are judged by besides the input partitions' model:
@@ -416,6 +420,7 @@ type view struct {
 	// committed offset (the next to consume).
 	behind   func(p int32, last, floor int64) bool
 	describe func(s state, p int32, last int64) string
+	specs    []window.Spec          // the windows a read's at must be retained in
 	def      *definition.Definition // the features answers are computed by (nil: velocity only)
 	label    string                 // what "definition" says
 	group    string                 // what "group" says, on the group routes
@@ -423,7 +428,7 @@ type view struct {
 
 func (m *apiModel) view() *view {
 	v := &view{
-		ends: m.ends, at: m.at, def: m.def, label: m.label,
+		ends: m.ends, at: m.at, def: m.def, label: m.label, specs: m.specs,
 		// Every input offset is a record (the input is not transactional).
 		behind:   func(_ int32, last, floor int64) bool { return last+1 < floor },
 		describe: func(s state, p int32, last int64) string { return s.describe(m, p, last) },
@@ -458,6 +463,34 @@ func (m *apiModel) judge(req *apiRequest, env *judgeEnv, st *apiStats) []answerV
 		// No other server error: every request the querier sends is answerable
 		// or unavailable.
 		return []answerVerdict{{"5xx other than 503", "want 200 or 503"}}
+	case req.status == 422 && req.at != nil:
+		st.outOfRange++
+		// An as-of time the state cannot answer exactly: outside the
+		// partition's at_range (the error gives the range, which must exclude
+		// it), or before the entity's retained buckets. Which state refused
+		// is not known (the error names no offset), so nothing more is judged.
+		var e struct {
+			Error struct {
+				Code     string `json:"code"`
+				From, To *int64
+			} `json:"error"`
+		}
+		if err := json.Unmarshal(req.body, &e); err != nil {
+			return []answerVerdict{{"unreadable 422", err.Error()}}
+		}
+		switch e.Error.Code {
+		case "at_not_retained":
+		case "at_out_of_range":
+			if e.Error.From == nil || e.Error.To == nil {
+				return []answerVerdict{{"unreadable 422", "at_out_of_range without the range"}}
+			}
+			if *req.at >= *e.Error.From && *req.at <= *e.Error.To {
+				return []answerVerdict{{"at_out_of_range inside its range", fmt.Sprintf("at %d is in the range [%d, %d] the error gives", *req.at, *e.Error.From, *e.Error.To)}}
+			}
+		default:
+			return []answerVerdict{{"4xx to a well-formed request", "a 422 for ?at= is at_out_of_range or at_not_retained"}}
+		}
+		return nil
 	case req.status >= 400:
 		st.other++
 		// Every request is well-formed (an existing endpoint, a valid id, no
@@ -548,6 +581,29 @@ func (m *apiModel) judge(req *apiRequest, env *judgeEnv, st *apiStats) []answerV
 	s, err := v.at(p, last, *common.Pending, req.entity)
 	if err != nil {
 		return append(out, answerVerdict{"wrong pending", err.Error()})
+	}
+	// ?at=: answered only inside the state's at_range and at or after the
+	// bucket of the entity's newest counted event in every window (else 422),
+	// and computed at it.
+	if req.at != nil {
+		st.ats++
+		at := *req.at
+		if at < s.from || at > s.to {
+			out = append(out, answerVerdict{"answer at an at outside at_range", fmt.Sprintf("at %d answered, but the state's at_range is [%d, %d]: want 422 at_out_of_range", at, s.from, s.to)})
+		}
+		var newest int64
+		for i, tx := range s.entityEvs {
+			if i == 0 || tx.time > newest {
+				newest = tx.time
+			}
+		}
+		for _, sp := range v.specs {
+			if len(s.entityEvs) > 0 && floorDiv(at, sp.BucketMs) < floorDiv(newest, sp.BucketMs) {
+				out = append(out, answerVerdict{"answer at an at not retained", fmt.Sprintf("at %d answered, but window %s's bucket of the entity's newest counted event (%d) is later: want 422 at_not_retained", at, sp.Name, newest)})
+				break
+			}
+		}
+		s.asOf = at
 	}
 	// The answer reflects the accepted events up to last_offset less the
 	// pending ones (state.at): as_of is the newest counted event time, or the

@@ -4,6 +4,7 @@ package chaos
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -159,6 +160,52 @@ func apiChecksFire(t *testing.T) {
 		for _, w := range c.want {
 			if !strings.Contains(got, w) {
 				t.Errorf("%s: the report lacks %q:\n%s", c.name, w, got)
+			}
+		}
+	}
+
+	// ?at=: answered at it, by whole buckets, only inside at_range and at or
+	// after the bucket of the entity's newest counted event (t0+500, in the
+	// bucket of t0); a 422 is judged by the range it gives.
+	atReq := func(at int64, status int, body []byte) *apiRequest {
+		r := req(status, "", body)
+		r.at, r.url = &at, r.url+"?at="+strconv.FormatInt(at, 10)
+		return r
+	}
+	velocityAt := func(at, count int64) []byte {
+		return fmt.Appendf(nil, `{"entity_id":%q,"known":true,"partition":0,"as_of":%d,"as_of_time":%q,"last_offset":3,"pending":1,"at_range":{"from":%d,"to":%d},`+
+			`"windows":[{"window":"1m","window_ms":60000,"bucket_ms":1000,"count":%d,"sum_minor":%d,"min_minor":100,"max_minor":300}]}`,
+			entity, at, time.UnixMilli(at).UTC().Format(time.RFC3339Nano), t0-1000, t0+500+60_000, count, count*200)
+	}
+	outOfRange := []byte(fmt.Sprintf(`{"error":{"code":"at_out_of_range","message":"…","from":%d,"to":%d}}`, t0-1000, t0+500+60_000))
+	var ast apiStats
+	if got := m.checkAnswers([]*apiRequest{
+		atReq(t0+30_000, 200, velocityAt(t0+30_000, 2)),
+		atReq(t0+100, 200, velocityAt(t0+100, 2)), // before t0+500, in its bucket: it counts
+		atReq(t0+500+60_001, 422, outOfRange),
+		atReq(t0-500, 422, []byte(`{"error":{"code":"at_not_retained","message":"…"}}`)),
+	}, env, &ast); len(got) != 0 {
+		t.Fatalf("?at= answers that keep every invariant fail: %v", got)
+	}
+	if ast.ats != 2 || ast.outOfRange != 2 {
+		t.Errorf("stats %+v, want 2 ?at= reads answered 200 and 2 answered 422", ast)
+	}
+	for _, c := range []struct {
+		name string
+		req  *apiRequest
+		want []string
+	}{
+		{"not the whole bucket", atReq(t0+100, 200, velocityAt(t0+100, 1)), []string{"answer unlike the input's", "Count:1", "Count:2"}},
+		{"as_of not at", atReq(t0+30_000, 200, velocityAt(t0+20_000, 2)), []string{"as_of = 1795000020000, want 1795000030000"}},
+		{"answered outside at_range", atReq(t0+500+60_001, 200, velocityAt(t0+500+60_001, 0)), []string{"answer at an at outside at_range", "want 422 at_out_of_range"}},
+		{"answered before the newest bucket", atReq(t0-500, 200, velocityAt(t0-500, 1)), []string{"answer at an at not retained", "want 422 at_not_retained"}},
+		{"out of range inside its range", atReq(t0+30_000, 422, outOfRange), []string{"at_out_of_range inside its range"}},
+		{"another 422", atReq(t0+30_000, 422, []byte(`{"error":{"code":"invalid_at","message":"…"}}`)), []string{"4xx to a well-formed request"}},
+	} {
+		got := strings.Join(m.checkAnswers([]*apiRequest{c.req}, env, &apiStats{}), "\n")
+		for _, w := range c.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("?at=, %s: the report lacks %q:\n%s", c.name, w, got)
 			}
 		}
 	}

@@ -269,7 +269,7 @@ func (gm *groupModel) at(p int32, last int64, pending int, key string) (state, e
 // view is the group's model as judge reads it.
 func (gm *groupModel) view() *view {
 	return &view{
-		ends: gm.ends, def: gm.def, label: gm.label, group: gm.name,
+		ends: gm.ends, def: gm.def, label: gm.label, group: gm.name, specs: gm.def.Windows,
 		at: gm.at,
 		behind: func(p int32, last, floor int64) bool {
 			offs := gm.parts[p].offs
