@@ -504,8 +504,17 @@ func (p *Processor) Hint(key, value []byte, distance int) {
 // (watermark.Stage.SetClock): call it once per fetched batch and before Tick.
 func (p *Processor) SetClock(t time.Time) { p.stage.SetClock(t) }
 
+// WaitsForIdle reports whether the partition's reorder buffer holds events and
+// the idle timeout has passed since its last record: what Tick would release, if
+// the caller confirms that no record waits to be read (the service asks the
+// broker).
+func (p *Processor) WaitsForIdle() bool {
+	return p.merge == nil && p.stage.Pending() > 0 && p.stage.Quiet()
+}
+
 // Tick releases everything pending if the partition has been idle for the idle
-// timeout (live mode only: this is where wall-clock time enters).
+// timeout (live mode only: this is where wall-clock time enters). The caller
+// calls it only once it knows that no record waits to be read (WaitsForIdle).
 func (p *Processor) Tick(emit func(*Output)) {
 	p.released = p.stage.Idle(p.released[:0])
 	p.emitReleased(emit)

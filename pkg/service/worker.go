@@ -255,16 +255,25 @@ func (w *worker) run() {
 				now := time.Now()
 				w.tracker.SetClock(now.UnixMilli()) // Tick may release (emit) events
 				w.proc.SetClock(now)
+				// The idle rule releases the reorder buffer, and a re-keyed
+				// group's first stage declares its input idle, only on the
+				// verdict: quiet for the idle timeout and, by the broker's
+				// word, nothing left to read. A broker outage, a slow fetch or
+				// a process frozen and woken up with records waiting is not a
+				// quiet input, and releasing early there would make the
+				// outputs depend on it.
+				verdict := w.idleVerdict()
 				pending := w.proc.Pending()
-				w.proc.Tick(w.emitFn)
+				if verdict {
+					w.proc.Tick(w.emitFn)
+				}
 				if pending > 0 && w.proc.Pending() == 0 {
 					w.idleFlushAt = w.proc.Next() // Tick releases only everything, on idle
 				}
 				// A re-keyed group's first stage: its watermark to the second
-				// stages, and the idle verdict only once everything the fetches
-				// reported is read, so that a slow fetch is not a quiet input.
+				// stages, and the idle verdict.
 				idle := w.proc.IdleDeclared()
-				w.proc.HopMarkers(w.idleVerdict(), w.emitFn)
+				w.proc.HopMarkers(verdict, w.emitFn)
 				w.updatePressure()
 				if !idle && w.proc.IdleDeclared() && w.txn != nil {
 					lastCheckpoint = time.Time{} // commit the idle markers now (see the wake-up above)
@@ -476,9 +485,9 @@ func (w *worker) process(b batch) {
 // its produce acknowledgements arrive or its reorder buffer drain. A change
 // wakes the poll loop, which may be waiting on a poll that, with every
 // partition paused, would never return.
-// idleVerdict reports whether a re-keyed group's first stage may tell its second
-// stages that its input is quiet. The idle rule (no record for --idle-timeout)
-// must hold, nothing may wait to be processed (a batch handed over, records held
+// idleVerdict reports whether the partition's input is quiet: whether the idle
+// rule may release its reorder buffer, and a re-keyed group's first stage tell
+// its second stages so. The idle rule (no record for --idle-timeout) must hold, nothing may wait to be processed (a batch handed over, records held
 // for the registry, fetching paused), and the broker must confirm that the
 // partition holds nothing this partition has not read: its last stable offset is
 // no further than the high watermark of the last fetch whose records were all
@@ -489,7 +498,7 @@ func (w *worker) process(b batch) {
 // for it. The check runs on a goroutine of its own: a slow broker delays the
 // verdict, not the partition.
 func (w *worker) idleVerdict() bool {
-	if !w.proc.NeedsIdleVerdict() {
+	if !w.proc.NeedsIdleVerdict() && !w.proc.WaitsForIdle() {
 		return false
 	}
 	quiet := w.proc.Quiet() && len(w.in) == 0 && len(w.held) == 0 && !w.wantPause.Load()
