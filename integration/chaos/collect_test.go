@@ -57,6 +57,10 @@ type output struct {
 	errText   string
 	srcTopic  string
 	at        string // topic/partition@offset of the output record, for messages
+	// outOffset is the output record's offset in its partition: a
+	// partition's features records are in the order the service released
+	// them (idle_test.go reads it).
+	outOffset int64
 }
 
 func (o output) same(p output) bool {
@@ -167,7 +171,7 @@ func (c *collector) loop(ctx context.Context) {
 // velocity.source.* headers of a dead letter.
 func (os outputSchema) classify(r *kgo.Record, dead bool) (srcKey, output, error) {
 	at := fmt.Sprintf("%s/%d@%d", r.Topic, r.Partition, r.Offset)
-	o := output{dead: dead, key: r.Key, keyNull: r.Key == nil, value: r.Value, valueNull: r.Value == nil, at: at}
+	o := output{dead: dead, key: r.Key, keyNull: r.Key == nil, value: r.Value, valueNull: r.Value == nil, at: at, outOffset: r.Offset}
 	if os.definition != "" {
 		var def string
 		for _, x := range r.Headers {

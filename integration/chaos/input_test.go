@@ -27,15 +27,15 @@ const (
 )
 
 // generator makes a seeded input stream. Each entity lives in one partition
-// (its key hashes there). Per partition, every record that the service
-// accepts has an event time at or after every event time accepted before it,
-// so the reorder buffer only ever holds the last --allowed-lateness of event
-// time and an idle release (the one wall-clock effect, which replay never
-// makes) cannot change any output: released early or not, events come out in
-// the same order. Out-of-order input is made of records that are late on
-// every reading (more than the lateness behind the partition's newest
-// accepted event), duplicates of accepted events, and records that never
-// move the watermark (undecodable, invalid, oversized).
+// (its key hashes there). Out-of-order input is of four kinds: records behind
+// the partition's newest accepted event by less than the lateness
+// ("in-lateness": accepted, and counted before the newer events the reorder
+// buffer holds with them), records late on every reading (more than the
+// lateness behind), duplicates of accepted events, and records that never move
+// the watermark (undecodable, invalid, oversized). An idle release (the one
+// wall-clock effect, which replay never makes) between an in-lateness record
+// and the newer ones before it makes the live run count it out of order; how
+// far that may change the outputs, the checks bound (idle_test.go).
 //
 // Across partitions, every burst starts all partitions' clocks together, a gap
 // past the newest event time of any partition (align): so a quiet phase, after
@@ -140,6 +140,14 @@ func (g *generator) next() *kgo.Record {
 		return rec(kind, key, tx, codec.EncodeTransaction(tx), t)
 	}
 	switch {
+	case started && !g.fresh[p] && x < 40:
+		// Behind the partition's newest accepted event by less than the
+		// lateness: not late, held in the reorder buffer while newer events are
+		// released around it, and counted in (event time, offset) order.
+		t := g.clock[p] - 1 - g.rng.Int64N(allowedLateness.Milliseconds()-1)
+		r := enc("in-lateness", []byte(ent), valid(t), t)
+		g.sent[p] = append(g.sent[p], r)
+		return r
 	case !started || g.fresh[p] || x < 860:
 		g.fresh[p] = false
 		g.clock[p] += g.rng.Int64N(25) // 0 too: equal event times, ordered by offset
@@ -219,14 +227,25 @@ type producer struct {
 }
 
 // burst produces n records spread evenly over d, in batches every 50 ms, and
-// returns when all are acknowledged. A broker outage stretches it.
-func (pr *producer) burst(ctx context.Context, n int, d time.Duration) error {
+// returns when all are acknowledged. A broker outage stretches it, and so does
+// a pause: after pauseAt of the burst's time (if pause > 0) it stops for pause,
+// then goes on from the same clocks.
+func (pr *producer) burst(ctx context.Context, n int, d, pauseAt, pause time.Duration) error {
 	pr.gen.align()
 	const tick = 50 * time.Millisecond
 	steps := max(1, int(d/tick))
 	begin := time.Now()
 	done := 0
 	for s := 1; s <= steps; s++ {
+		if pause > 0 && time.Duration(s)*tick > pauseAt {
+			select {
+			case <-time.After(pause):
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+			begin = begin.Add(pause)
+			pause = 0
+		}
 		upto := n * s / steps
 		batch := make([]*kgo.Record, 0, upto-done)
 		for ; done < upto; done++ {
