@@ -75,10 +75,11 @@ const (
 	epGroup                    // GET /v1/groups/{in-place group}/entities/{id}/features (under a definition with groups)
 	epRekeyed                  // GET /v1/groups/{re-keyed group}/entities/{key}/features
 	epTxn                      // POST /v1/transaction/features: every group's key of one transaction
+	epBatch                    // POST /v1/velocity:batch: several entities' velocity
 )
 
 func (e endpoint) String() string {
-	return [...]string{"velocity", "features", "group", "rekeyed", "transaction"}[e]
+	return [...]string{"velocity", "features", "group", "rekeyed", "transaction", "batch"}[e]
 }
 
 // rekeyedTarget is a re-keyed group the querier asks, and how it draws keys.
@@ -96,16 +97,22 @@ type apiRequest struct {
 	entity string // the entity id, or the re-keyed group's key
 	// keys are a transaction call's (epTxn): by group, the key asked, or
 	// nil for a null one (which leaves the group out of the answer).
-	keys     map[string]*string
-	at       *int64 // ?at=, Unix ms (nil: the default as_of)
-	url      string
-	sent     time.Time // just before the request was handed to the client
-	answered time.Time
-	err      string // a transport error (refused, timed out, reset): no answer
-	status   int
-	retry    string // Retry-After
-	ctype    string // Content-Type
-	body     []byte
+	keys map[string]*string
+	ids  []string // a batch's entity ids, in request order (epBatch)
+	at   *int64   // ?at=, or a batch's at: Unix ms (nil: the default as_of)
+	// windows, for a velocity lookup with ?window=, are the windows the
+	// answer must hold, in that order: indices into the velocity endpoint's
+	// windows, as asked, each once (nil: every window, in configured order).
+	windows      []int
+	windowsAsked []string // a batch's windows field, as sent
+	url          string
+	sent         time.Time // just before the request was handed to the client
+	answered     time.Time
+	err          string // a transport error (refused, timed out, reset): no answer
+	status       int
+	retry        string // Retry-After
+	ctype        string // Content-Type
+	body         []byte
 }
 
 // querier sends lookups for one group at a steady rate to random slots, live or
@@ -118,6 +125,9 @@ type querier struct {
 	pick    func(*rand.Rand) string
 	rekeyed []rekeyedTarget // asked as often as each endpoint of eps
 	txn     bool            // also the transaction call, with the in-place group and every re-keyed one
+	// windowNames are the velocity endpoint's windows, in configured order,
+	// which ?window= names.
+	windowNames []string
 	// recent is the latest default as_of answered so far: where ?at= reads
 	// are drawn around (0: none yet, no ?at=).
 	recent  atomic.Int64
@@ -155,6 +165,8 @@ func (q *querier) path(ep endpoint, group, entity string) string {
 		return "/v1/groups/" + url.PathEscape(group) + "/entities/" + id + "/features"
 	case epTxn:
 		return "/v1/transaction/features"
+	case epBatch:
+		return "/v1/velocity:batch"
 	}
 	return "/v1/entities/" + id + "/velocity"
 }
@@ -181,7 +193,18 @@ func (q *querier) run() {
 		if q.txn {
 			n++
 		}
+		var ids []string
 		switch i := q.rng.IntN(n); {
+		case i < len(q.eps) && q.eps[i] == epVelocity && q.rng.IntN(5) == 0:
+			// One velocity read in five is a batch of 2-6 entities, at times
+			// one of them twice.
+			ep = epBatch
+			for range 2 + q.rng.IntN(5) {
+				ids = append(ids, q.pick(q.rng))
+			}
+			if q.rng.IntN(4) == 0 {
+				ids = append(ids, ids[q.rng.IntN(len(ids))])
+			}
 		case i < len(q.eps):
 			ep, entity = q.eps[i], q.pick(q.rng)
 		case i < len(q.eps)+len(q.rekeyed):
@@ -211,14 +234,40 @@ func (q *querier) run() {
 			q.mu.Unlock()
 			continue
 		}
-		req := &apiRequest{mode: q.mode, slot: slot, ep: ep, group: group, entity: entity, keys: keys, url: q.bases[slot] + q.path(ep, group, entity)}
+		req := &apiRequest{mode: q.mode, slot: slot, ep: ep, group: group, entity: entity, keys: keys, ids: ids, url: q.bases[slot] + q.path(ep, group, entity)}
+		var query []string
 		// One lookup in four asks ?at=, from 30 s before the latest as_of
 		// answered to 60 s after: mostly inside at_range, some before an
 		// entity's retained buckets or the last sweep (422s).
 		if r := q.recent.Load(); r > 0 && ep != epTxn && q.rng.IntN(4) == 0 {
 			at := r - 30_000 + q.rng.Int64N(90_000)
 			req.at = &at
-			req.url += "?at=" + strconv.FormatInt(at, 10)
+			query = append(query, "at="+strconv.FormatInt(at, 10))
+		}
+		// One velocity lookup in four names some windows, in a random order,
+		// comma-separated or repeated, one of them at times twice.
+		if (ep == epVelocity || ep == epBatch) && len(q.windowNames) > 0 && q.rng.IntN(4) == 0 {
+			req.windows = q.rng.Perm(len(q.windowNames))[:1+q.rng.IntN(len(q.windowNames))]
+			asked := make([]string, 0, len(req.windows)+1)
+			for _, i := range req.windows {
+				asked = append(asked, q.windowNames[i])
+			}
+			if q.rng.IntN(3) == 0 {
+				asked = append(asked, asked[q.rng.IntN(len(asked))])
+			}
+			switch {
+			case ep == epBatch:
+				req.windowsAsked = asked
+			case q.rng.IntN(2) == 0:
+				query = append(query, "window="+strings.Join(asked, ","))
+			default:
+				for _, n := range asked {
+					query = append(query, "window="+n)
+				}
+			}
+		}
+		if len(query) > 0 && ep != epBatch { // a batch's at and windows are in its body
+			req.url += "?" + strings.Join(query, "&")
 		}
 		q.wg.Add(1)
 		go func() {
@@ -234,8 +283,18 @@ func (q *querier) run() {
 
 func (q *querier) send(req *apiRequest) {
 	method, body := http.MethodGet, io.Reader(nil)
-	if req.ep == epTxn {
-		b, err := json.Marshal(map[string]any{"keys": req.keys})
+	if req.ep == epTxn || req.ep == epBatch {
+		fields := map[string]any{"keys": req.keys}
+		if req.ep == epBatch {
+			fields = map[string]any{"entity_ids": req.ids}
+			if req.at != nil {
+				fields["at"] = *req.at
+			}
+			if req.windowsAsked != nil {
+				fields["windows"] = req.windowsAsked
+			}
+		}
+		b, err := json.Marshal(fields)
 		if err != nil {
 			req.err = err.Error()
 			return
@@ -258,7 +317,7 @@ func (q *querier) send(req *apiRequest) {
 	if err != nil {
 		req.err, req.status = err.Error(), 0
 	}
-	if req.status == 200 && req.at == nil && req.ep != epTxn {
+	if req.status == 200 && req.at == nil && req.ep != epTxn && req.ep != epBatch {
 		var a struct {
 			AsOf int64 `json:"as_of"`
 		}
@@ -434,6 +493,12 @@ func (r *run) startQueries(seed uint64) {
 		}
 	}
 	pick := entityPicker(r.prod.gen)
+	specs, err := r.velocitySpecs()
+	r.must(err)
+	var windowNames []string
+	for _, sp := range specs {
+		windowNames = append(windowNames, sp.Name)
+	}
 	var targets []pollTarget
 	for i, g := range r.groups {
 		targets = append(targets, pollTarget{group: g.name, topic: r.input, tl: g.commits})
@@ -444,6 +509,7 @@ func (r *run) startQueries(seed uint64) {
 		}
 		g.q = newQuerier(g.mode, g.api, eps, inPlace, pick, rekeyed, seed+uint64(i))
 		g.q.txn = len(rekeyed) > 0
+		g.q.windowNames = windowNames
 		go g.q.run()
 	}
 	ctx, cancel := context.WithCancel(r.ctx)
@@ -504,16 +570,29 @@ func (r *run) stopQueries() {
 
 // apiModel builds the model of the whole input the answers are judged by.
 func (r *run) apiModel(ends map[int32]int64, replay map[srcKey][]output, gen map[srcKey]string) (*apiModel, error) {
+	specs, err := r.velocitySpecs()
+	if err != nil {
+		return nil, err
+	}
 	if r.v.features == "" {
-		specs, err := window.ParseSpecs(window.DefaultSpecs)
-		if err != nil {
-			return nil, err
-		}
 		return newAPIModel(ends, replay, gen, r.prod.gen.txs, specs, nil)
 	}
 	def, err := definition.LoadFile(r.v.features)
 	if err != nil {
 		return nil, err
 	}
-	return newAPIModel(ends, replay, gen, r.prod.gen.txs, def.Windows, def)
+	return newAPIModel(ends, replay, gen, r.prod.gen.txs, specs, def)
+}
+
+// velocitySpecs are the windows of the velocity endpoint: the definition's, or
+// the default ones.
+func (r *run) velocitySpecs() ([]window.Spec, error) {
+	if r.v.features == "" {
+		return window.ParseSpecs(window.DefaultSpecs)
+	}
+	def, err := definition.LoadFile(r.v.features)
+	if err != nil {
+		return nil, err
+	}
+	return def.Windows, nil
 }

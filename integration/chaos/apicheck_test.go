@@ -394,11 +394,13 @@ type apiStats struct {
 	unjudged                                                  int // 200s of re-keyed groups with no model to judge them by
 	txns                                                      int // transaction calls answered 200 (their entries are counted as answers too)
 	ats, outOfRange                                           int // ?at= reads answered 200, and 422
+	windowed                                                  int // velocity lookups with ?window= answered 200
+	batches                                                   int // batches answered 200 (their results are counted as answers too)
 }
 
 func (s apiStats) String() string {
-	return fmt.Sprintf("%d requests: %d answered 200 (%d of them re-keyed groups', and %d of those not judged; %d transaction calls, whose entries count as answers; %d ?at= reads answered 200 and %d 422), %d 503, %d other statuses, %d without an answer (refused, timed out, reset); %d 200s had a committed offset before them; %d sampled distinct estimates not judged; %d ticks skipped (too many in flight)",
-		s.sent, s.ok, s.groups+s.unjudged, s.unjudged, s.txns, s.ats, s.outOfRange, s.unavailable, s.other, s.transport, s.floored, s.estimates, s.skipped)
+	return fmt.Sprintf("%d requests: %d answered 200 (%d of them re-keyed groups', and %d of those not judged; %d transaction calls and %d batches, whose entries count as answers; %d ?at= reads answered 200 and %d 422; %d ?window= lookups answered 200), %d 503, %d other statuses, %d without an answer (refused, timed out, reset); %d 200s had a committed offset before them; %d sampled distinct estimates not judged; %d ticks skipped (too many in flight)",
+		s.sent, s.ok, s.groups+s.unjudged, s.unjudged, s.txns, s.batches, s.ats, s.outOfRange, s.windowed, s.unavailable, s.other, s.transport, s.floored, s.estimates, s.skipped)
 }
 
 // judgeEnv is what answers are judged by besides the input partitions' model:
@@ -501,8 +503,11 @@ func (m *apiModel) judge(req *apiRequest, env *judgeEnv, st *apiStats) []answerV
 		return []answerVerdict{{"unexpected status", "want 200 or 503"}}
 	}
 	st.ok++
-	if req.ep == epTxn {
+	switch req.ep {
+	case epTxn:
 		return m.judgeTxn(req, env, st)
+	case epBatch:
+		return m.judgeBatch(req, env, st)
 	}
 	v, floorsOf := m.view(), ""
 	if req.ep == epRekeyed {
@@ -627,12 +632,21 @@ func (m *apiModel) judge(req *apiRequest, env *judgeEnv, st *apiStats) []answerV
 	// Each window's count, sum_minor, min_minor and max_minor are those of the
 	// entity's counted events in buckets floor(as_of/b)−N+1 … floor(as_of/b)
 	// (docs/api.md), read at the expected as_of; an empty window is all zeros.
+	// With ?window=, the windows named, in the order first named, each once.
 	if req.ep == epVelocity {
-		if len(va.Windows) != len(m.specs) {
-			diffs = append(diffs, fmt.Sprintf("%d windows, want %d", len(va.Windows), len(m.specs)))
+		specs := m.specs
+		if req.windows != nil {
+			st.windowed++
+			specs = nil
+			for _, i := range req.windows {
+				specs = append(specs, m.specs[i])
+			}
 		}
-		for i := range min(len(va.Windows), len(m.specs)) {
-			sp, got := m.specs[i], va.Windows[i]
+		if len(va.Windows) != len(specs) {
+			diffs = append(diffs, fmt.Sprintf("%d windows, want %d", len(va.Windows), len(specs)))
+		}
+		for i := range min(len(va.Windows), len(specs)) {
+			sp, got := specs[i], va.Windows[i]
 			a := aggregate(s.entityEvs, func(tx genTx) bool { return inWindow(sp, s.asOf, tx.time) })
 			want := windowAnswer{sp.Name, sp.WindowMs, sp.BucketMs, a.count, a.sum, a.min, a.max}
 			if got != want {
@@ -712,6 +726,79 @@ func (m *apiModel) judgeTxn(req *apiRequest, env *judgeEnv, st *apiStats) []answ
 		}
 		for _, v := range m.judge(&sub, env, st) {
 			out = append(out, answerVerdict{"transaction call: " + v.kind, "group " + name + ": " + v.detail})
+		}
+	}
+	return out
+}
+
+// judgeBatch checks a batch's 200 (docs/api.md, POST /v1/velocity:batch): one
+// result per id, in request order, each the status that id's lookup alone
+// could have got (200, 503, or a 422 for an at), a 200's velocity judged as
+// that lookup's answer, with the batch's at and windows; and the ids of one
+// partition that are answered 200 were read from one state, since a batch
+// reads each partition once: the same last_offset and pending.
+func (m *apiModel) judgeBatch(req *apiRequest, env *judgeEnv, st *apiStats) []answerVerdict {
+	st.batches++
+	var ans struct {
+		Results []json.RawMessage `json:"results"`
+	}
+	if err := json.Unmarshal(req.body, &ans); err != nil || ans.Results == nil {
+		return []answerVerdict{{"batch: unreadable 200", fmt.Sprintf("want {\"results\": [...]}: %v", err)}}
+	}
+	var out []answerVerdict
+	if len(ans.Results) != len(req.ids) {
+		out = append(out, answerVerdict{"batch: wrong number of results", fmt.Sprintf("%d results for %d ids", len(ans.Results), len(req.ids))})
+	}
+	type read struct {
+		last    int64
+		pending int
+		i       int
+	}
+	reads := map[int32]read{}
+	for i, raw := range ans.Results[:min(len(ans.Results), len(req.ids))] {
+		id := req.ids[i]
+		var e struct {
+			Status   int             `json:"status"`
+			Velocity json.RawMessage `json:"velocity"`
+			Error    *struct {
+				Code string `json:"code"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal(raw, &e); err != nil {
+			out = append(out, answerVerdict{"batch: unreadable result", fmt.Sprintf("result %d (%s): %v", i, id, err)})
+			continue
+		}
+		switch {
+		case e.Status == 200 && e.Velocity == nil:
+			out = append(out, answerVerdict{"batch: unreadable result", fmt.Sprintf("result %d (%s): status 200 without velocity", i, id)})
+			continue
+		case e.Status != 200 && (e.Error == nil || e.Error.Code == ""):
+			out = append(out, answerVerdict{"batch: unreadable result", fmt.Sprintf("result %d (%s): status %d without an error code", i, id, e.Status)})
+			continue
+		}
+		// The result as the id's own lookup: its 503 needs no Retry-After of
+		// its own (the batch is a 200), its 422 is read from its error.
+		sub := *req
+		sub.ep, sub.ids, sub.entity, sub.status, sub.body, sub.retry = epVelocity, nil, id, e.Status, raw, "(entry)"
+		if e.Status == 200 {
+			sub.body = e.Velocity
+		}
+		for _, v := range m.judge(&sub, env, st) {
+			out = append(out, answerVerdict{"batch: " + v.kind, fmt.Sprintf("result %d (%s): %s", i, id, v.detail)})
+		}
+		var c struct {
+			Partition  *int32 `json:"partition"`
+			LastOffset *int64 `json:"last_offset"`
+			Pending    *int   `json:"pending"`
+		}
+		if e.Status != 200 || json.Unmarshal(e.Velocity, &c) != nil || c.Partition == nil || c.LastOffset == nil || c.Pending == nil {
+			continue
+		}
+		if r, ok := reads[*c.Partition]; !ok {
+			reads[*c.Partition] = read{*c.LastOffset, *c.Pending, i}
+		} else if r.last != *c.LastOffset || r.pending != *c.Pending {
+			out = append(out, answerVerdict{"batch: one partition read at two states", fmt.Sprintf("partition %d: result %d at last_offset %d, pending %d; result %d at last_offset %d, pending %d",
+				*c.Partition, r.i, r.last, r.pending, i, *c.LastOffset, *c.Pending)})
 		}
 	}
 	return out
@@ -874,8 +961,12 @@ func (m *apiModel) checkAnswers(reqs []*apiRequest, env *judgeEnv, st *apiStats)
 				if len(body) > 700 {
 					body = body[:700] + "…"
 				}
-				b.examples = append(b.examples, fmt.Sprintf("\n    GET %s (slot %d, sent %s, answered %s): %d, Retry-After %q, Content-Type %q, body %s\n      %s",
-					req.url, req.slot, env.rel(req.sent), env.rel(req.answered), req.status, req.retry, req.ctype, body, v.detail))
+				method := "GET"
+				if req.ep == epTxn || req.ep == epBatch {
+					method = "POST"
+				}
+				b.examples = append(b.examples, fmt.Sprintf("\n    %s %s (slot %d, sent %s, answered %s): %d, Retry-After %q, Content-Type %q, body %s\n      %s",
+					method, req.url, req.slot, env.rel(req.sent), env.rel(req.answered), req.status, req.retry, req.ctype, body, v.detail))
 			}
 		}
 	}

@@ -210,6 +210,90 @@ func apiChecksFire(t *testing.T) {
 		}
 	}
 
+	// ?window=: the windows named, in the order first named, each once.
+	wspecs, err := window.ParseSpecs("1m:1s,5m:5s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wm, err := newAPIModel(ends, replay, gen, txs, wspecs, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	win := func(name string, ms, bucket int64) string {
+		return fmt.Sprintf(`{"window":%q,"window_ms":%d,"bucket_ms":%d,"count":2,"sum_minor":400,"min_minor":100,"max_minor":300}`, name, ms, bucket)
+	}
+	w1m, w5m := win("1m", 60_000, 1000), win("5m", 300_000, 5000)
+	windowed := func(asked []int, query string, ws ...string) *apiRequest {
+		asOf := t0 + 500
+		r := req(200, "", fmt.Appendf(nil, `{"entity_id":%q,"known":true,"partition":0,"as_of":%d,"as_of_time":%q,"last_offset":3,"pending":1,"at_range":{"from":%d,"to":%d},"windows":[%s]}`,
+			entity, asOf, time.UnixMilli(asOf).UTC().Format(time.RFC3339Nano), t0-1000, asOf+300_000, strings.Join(ws, ",")))
+		r.windows, r.url = asked, r.url+"?"+query
+		return r
+	}
+	var wst apiStats
+	if got := wm.checkAnswers([]*apiRequest{windowed([]int{1, 0}, "window=5m,1m,5m", w5m, w1m), windowed([]int{1}, "window=5m", w5m), windowed(nil, "", w1m, w5m)}, env, &wst); len(got) != 0 {
+		t.Fatalf("?window= answers that keep every invariant fail: %v", got)
+	}
+	if wst.windowed != 2 {
+		t.Errorf("stats %+v, want 2 ?window= lookups", wst)
+	}
+	for _, c := range []struct {
+		name string
+		req  *apiRequest
+		want []string
+	}{
+		{"configured order, not the asked one", windowed([]int{1, 0}, "window=5m,1m", w1m, w5m), []string{"answer unlike the input's", "windows[0]"}},
+		{"every window, one asked", windowed([]int{1}, "window=5m", w1m, w5m), []string{"2 windows, want 1"}},
+		{"a window twice", windowed([]int{0}, "window=1m,1m", w1m, w1m), []string{"2 windows, want 1"}},
+	} {
+		got := strings.Join(wm.checkAnswers([]*apiRequest{c.req}, env, &apiStats{}), "\n")
+		for _, w := range c.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("?window=, %s: the report lacks %q:\n%s", c.name, w, got)
+			}
+		}
+	}
+
+	// The batch: one result per id, each judged as that id's lookup, one
+	// partition read at one state.
+	batch := func(ids []string, results ...string) *apiRequest {
+		r := req(200, "", []byte(`{"results":[`+strings.Join(results, ",")+`]}`))
+		r.ep, r.entity, r.ids, r.url = epBatch, "", ids, "http://127.0.0.1:1/v1/velocity:batch"
+		return r
+	}
+	ok200 := func(b []byte) string { return `{"status":200,"velocity":` + string(b) + `}` }
+	unavail := `{"status":503,"error":{"code":"unavailable","message":"restoring"}}`
+	var bst apiStats
+	if got := m.checkAnswers([]*apiRequest{
+		batch([]string{entity, entity}, ok200(velocity(3, 1, 2, 400, 100, 300)), ok200(velocity(3, 1, 2, 400, 100, 300))),
+		batch([]string{entity, entity}, ok200(velocity(3, 1, 2, 400, 100, 300)), unavail),
+	}, env, &bst); len(got) != 0 {
+		t.Fatalf("batches that keep every invariant fail: %v", got)
+	}
+	if bst.batches != 2 || bst.ok != 5 || bst.unavailable != 1 {
+		t.Errorf("stats %+v, want 2 batches answered 200, 3 results answered 200 (5 in all) and one 503", bst)
+	}
+	for _, c := range []struct {
+		name string
+		req  *apiRequest
+		want []string
+	}{
+		{"a result short", batch([]string{entity, entity}, ok200(velocity(3, 1, 2, 400, 100, 300))), []string{"batch: wrong number of results", "1 results for 2 ids"}},
+		{"a wrong count", batch([]string{entity, entity}, ok200(velocity(3, 1, 2, 400, 100, 300)), ok200(velocity(3, 1, 3, 400, 100, 300))), []string{"batch: answer unlike the input's", "result 1"}},
+		{"two states of one partition", batch([]string{entity, entity}, ok200(velocity(3, 1, 2, 400, 100, 300)), ok200(velocity(3, 0, 2, 400, 100, 300))),
+			[]string{"batch: one partition read at two states", "result 0 at last_offset 3, pending 1; result 1 at last_offset 3, pending 0"}},
+		{"a 503 without its error", batch([]string{entity}, `{"status":503}`), []string{"batch: unreadable result", "status 503 without an error code"}},
+		{"a 500 result", batch([]string{entity}, `{"status":500,"error":{"code":"internal"}}`), []string{"batch: 5xx other than 503"}},
+		{"not a batch answer", batch([]string{entity}), []string{"batch: wrong number of results"}},
+	} {
+		got := strings.Join(m.checkAnswers([]*apiRequest{c.req}, env, &apiStats{}), "\n")
+		for _, w := range c.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("batch, %s: the report lacks %q:\n%s", c.name, w, got)
+			}
+		}
+	}
+
 	// The features endpoint, under the file-features definition: its filters, a
 	// distinct count, and the exactness a small set must claim.
 	def, err := definition.LoadFile("testdata/tx_features.yaml")
