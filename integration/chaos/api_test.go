@@ -236,10 +236,11 @@ func (q *querier) run() {
 		}
 		req := &apiRequest{mode: q.mode, slot: slot, ep: ep, group: group, entity: entity, keys: keys, ids: ids, url: q.bases[slot] + q.path(ep, group, entity)}
 		var query []string
-		// One lookup in four asks ?at=, from 30 s before the latest as_of
-		// answered to 60 s after: mostly inside at_range, some before an
-		// entity's retained buckets or the last sweep (422s).
-		if r := q.recent.Load(); r > 0 && ep != epTxn && q.rng.IntN(4) == 0 {
+		// One read in four asks ?at= (a batch's or a transaction call's in its
+		// body), from 30 s before the latest as_of answered to 60 s after:
+		// mostly inside at_range, some before an entity's retained buckets or
+		// the last sweep (422s).
+		if r := q.recent.Load(); r > 0 && q.rng.IntN(4) == 0 {
 			at := r - 30_000 + q.rng.Int64N(90_000)
 			req.at = &at
 			query = append(query, "at="+strconv.FormatInt(at, 10))
@@ -266,7 +267,7 @@ func (q *querier) run() {
 				}
 			}
 		}
-		if len(query) > 0 && ep != epBatch { // a batch's at and windows are in its body
+		if len(query) > 0 && ep != epBatch && ep != epTxn { // theirs are in the body
 			req.url += "?" + strings.Join(query, "&")
 		}
 		q.wg.Add(1)
@@ -287,12 +288,12 @@ func (q *querier) send(req *apiRequest) {
 		fields := map[string]any{"keys": req.keys}
 		if req.ep == epBatch {
 			fields = map[string]any{"entity_ids": req.ids}
-			if req.at != nil {
-				fields["at"] = *req.at
-			}
 			if req.windowsAsked != nil {
 				fields["windows"] = req.windowsAsked
 			}
+		}
+		if req.at != nil {
+			fields["at"] = *req.at
 		}
 		b, err := json.Marshal(fields)
 		if err != nil {

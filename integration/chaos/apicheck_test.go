@@ -665,9 +665,9 @@ func (m *apiModel) judge(req *apiRequest, env *judgeEnv, st *apiStats) []answerV
 // judgeTxn checks a transaction call's 200 (docs/api.md, "One call for the
 // keys of one transaction"): one entry per group asked with a key, none for a
 // null one; each entry the status that group's lookup alone could have got
-// (200 or 503: every key is well-formed), a 503 with its error, and a 200's
-// features that lookup's answer, judged as one, by the same model and the
-// same committed offsets.
+// (200, 503, or with the call's at a 422: every key is well-formed), a 503 or
+// 422 with its error, and a 200's features that lookup's answer at the call's
+// at, judged as one, by the same model and the same committed offsets.
 func (m *apiModel) judgeTxn(req *apiRequest, env *judgeEnv, st *apiStats) []answerVerdict {
 	st.txns++
 	var ans struct {
@@ -716,9 +716,13 @@ func (m *apiModel) judgeTxn(req *apiRequest, env *judgeEnv, st *apiStats) []answ
 			continue
 		}
 		// The entry as the group's own lookup: its 503 needs no Retry-After
-		// of its own (the call is a 200).
+		// of its own (the call is a 200), its 422 (for the call's at) is read
+		// from its error.
 		sub := *req
-		sub.keys, sub.entity, sub.status, sub.body, sub.retry = nil, *k, e.Status, e.Features, "(entry)"
+		sub.keys, sub.entity, sub.status, sub.body, sub.retry = nil, *k, e.Status, ans.Groups[name], "(entry)"
+		if e.Status == 200 {
+			sub.body = e.Features
+		}
 		if name == m.def.Group {
 			sub.ep = epGroup
 		} else {

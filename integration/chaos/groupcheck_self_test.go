@@ -196,4 +196,25 @@ func TestGroupChecksFire(t *testing.T) {
 			}
 		}
 	}
+
+	// With the call's at, an entry may be a 422, judged by the range it gives;
+	// without one, a 422 is a client error to a well-formed call.
+	at := int64(1_000)
+	atTxn := func(groups string) *apiRequest { r := txn(groups); r.at = &at; return r }
+	outside := `"cur":{"status":422,"error":{"code":"at_out_of_range","message":"…","from":5000,"to":9000}}`
+	if got := tm.checkAnswers([]*apiRequest{atTxn(outside)}, env, &apiStats{}); len(got) != 0 {
+		t.Fatalf("a transaction call's 422 entry for an at outside its range fails: %v", got)
+	}
+	for _, c := range []struct {
+		name string
+		req  *apiRequest
+		want string
+	}{
+		{"a range that holds the at", atTxn(`"cur":{"status":422,"error":{"code":"at_out_of_range","message":"…","from":0,"to":9000}}`), "transaction call: at_out_of_range inside its range"},
+		{"a 422 without an at", txn(outside), "transaction call: 4xx to a well-formed request"},
+	} {
+		if got := strings.Join(tm.checkAnswers([]*apiRequest{c.req}, env, &apiStats{}), "\n"); !strings.Contains(got, c.want) {
+			t.Errorf("%s: the report lacks %q:\n%s", c.name, c.want, got)
+		}
+	}
 }
