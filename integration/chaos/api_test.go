@@ -76,10 +76,11 @@ const (
 	epRekeyed                  // GET /v1/groups/{re-keyed group}/entities/{key}/features
 	epTxn                      // POST /v1/transaction/features: every group's key of one transaction
 	epBatch                    // POST /v1/velocity:batch: several entities' velocity
+	epPreview                  // POST /v1/entities/{id}/velocity:preview: a hypothetical transaction
 )
 
 func (e endpoint) String() string {
-	return [...]string{"velocity", "features", "group", "rekeyed", "transaction", "batch"}[e]
+	return [...]string{"velocity", "features", "group", "rekeyed", "transaction", "batch", "preview"}[e]
 }
 
 // rekeyedTarget is a re-keyed group the querier asks, and how it draws keys.
@@ -99,7 +100,9 @@ type apiRequest struct {
 	// nil for a null one (which leaves the group out of the answer).
 	keys map[string]*string
 	ids  []string // a batch's entity ids, in request order (epBatch)
-	at   *int64   // ?at=, or a batch's at: Unix ms (nil: the default as_of)
+	// preview is the hypothetical transaction of a preview (epPreview).
+	preview *previewTx
+	at      *int64 // ?at=, or a batch's at: Unix ms (nil: the default as_of)
 	// windows, for a velocity lookup with ?window=, are the windows the
 	// answer must hold, in that order: indices into the velocity endpoint's
 	// windows, as asked, each once (nil: every window, in configured order).
@@ -115,6 +118,13 @@ type apiRequest struct {
 	body         []byte
 }
 
+// previewTx is a preview's body: an amount, an event time and, or not, an
+// event id.
+type previewTx struct {
+	amount, eventTime int64
+	eventID           *string
+}
+
 // querier sends lookups for one group at a steady rate to random slots, live or
 // not, until stopped.
 type querier struct {
@@ -128,6 +138,10 @@ type querier struct {
 	// windowNames are the velocity endpoint's windows, in configured order,
 	// which ?window= names.
 	windowNames []string
+	// previews: also the velocity endpoint's preview (without a definition),
+	// with event ids drawn up to lastSeq's (duplicates, where accepted).
+	previews bool
+	lastSeq  func() int64
 	// recent is the latest default as_of answered so far: where ?at= reads
 	// are drawn around (0: none yet, no ?at=).
 	recent  atomic.Int64
@@ -167,6 +181,8 @@ func (q *querier) path(ep endpoint, group, entity string) string {
 		return "/v1/transaction/features"
 	case epBatch:
 		return "/v1/velocity:batch"
+	case epPreview:
+		return "/v1/entities/" + id + "/velocity:preview"
 	}
 	return "/v1/entities/" + id + "/velocity"
 }
@@ -194,7 +210,28 @@ func (q *querier) run() {
 			n++
 		}
 		var ids []string
+		var preview *previewTx
 		switch i := q.rng.IntN(n); {
+		case i < len(q.eps) && q.eps[i] == epVelocity && q.previews && q.recent.Load() > 0 && q.rng.IntN(5) == 0:
+			// One velocity read in five, without a definition, is a preview:
+			// an event time around the latest as_of answered (late, waiting
+			// or released at once), one in twenty more than --max-ahead ahead
+			// (invalid); no event id, a new one, or one the generator gave
+			// a record (a duplicate where the partition accepted it).
+			ep, entity = epPreview, q.pick(q.rng)
+			pv := &previewTx{amount: q.rng.Int64N(50_000), eventTime: q.recent.Load() - 3000 + q.rng.Int64N(6000)}
+			if q.rng.IntN(20) == 0 {
+				pv.eventTime = q.recent.Load() + 25*3600*1000
+			}
+			switch q.rng.IntN(4) {
+			case 2:
+				id := fmt.Sprintf("pv-%d", q.rng.Int64())
+				pv.eventID = &id
+			case 3:
+				id := fmt.Sprintf("ev-%08d", 1+q.rng.Int64N(max(1, q.lastSeq())))
+				pv.eventID = &id
+			}
+			preview = pv
 		case i < len(q.eps) && q.eps[i] == epVelocity && q.rng.IntN(5) == 0:
 			// One velocity read in five is a batch of 2-6 entities, at times
 			// one of them twice.
@@ -234,13 +271,13 @@ func (q *querier) run() {
 			q.mu.Unlock()
 			continue
 		}
-		req := &apiRequest{mode: q.mode, slot: slot, ep: ep, group: group, entity: entity, keys: keys, ids: ids, url: q.bases[slot] + q.path(ep, group, entity)}
+		req := &apiRequest{mode: q.mode, slot: slot, ep: ep, group: group, entity: entity, keys: keys, ids: ids, preview: preview, url: q.bases[slot] + q.path(ep, group, entity)}
 		var query []string
 		// One read in four asks ?at= (a batch's or a transaction call's in its
 		// body), from 30 s before the latest as_of answered to 60 s after:
 		// mostly inside at_range, some before an entity's retained buckets or
 		// the last sweep (422s).
-		if r := q.recent.Load(); r > 0 && q.rng.IntN(4) == 0 {
+		if r := q.recent.Load(); r > 0 && ep != epPreview && q.rng.IntN(4) == 0 {
 			at := r - 30_000 + q.rng.Int64N(90_000)
 			req.at = &at
 			query = append(query, "at="+strconv.FormatInt(at, 10))
@@ -284,8 +321,14 @@ func (q *querier) run() {
 
 func (q *querier) send(req *apiRequest) {
 	method, body := http.MethodGet, io.Reader(nil)
-	if req.ep == epTxn || req.ep == epBatch {
+	if req.ep == epTxn || req.ep == epBatch || req.ep == epPreview {
 		fields := map[string]any{"keys": req.keys}
+		if pv := req.preview; pv != nil {
+			fields = map[string]any{"amount_minor": pv.amount, "event_time": pv.eventTime}
+			if pv.eventID != nil {
+				fields["event_id"] = *pv.eventID
+			}
+		}
 		if req.ep == epBatch {
 			fields = map[string]any{"entity_ids": req.ids}
 			if req.windowsAsked != nil {
@@ -318,7 +361,7 @@ func (q *querier) send(req *apiRequest) {
 	if err != nil {
 		req.err, req.status = err.Error(), 0
 	}
-	if req.status == 200 && req.at == nil && req.ep != epTxn && req.ep != epBatch {
+	if req.status == 200 && req.at == nil && req.ep != epTxn && req.ep != epBatch && req.ep != epPreview {
 		var a struct {
 			AsOf int64 `json:"as_of"`
 		}
@@ -511,6 +554,7 @@ func (r *run) startQueries(seed uint64) {
 		g.q = newQuerier(g.mode, g.api, eps, inPlace, pick, rekeyed, seed+uint64(i))
 		g.q.txn = len(rekeyed) > 0
 		g.q.windowNames = windowNames
+		g.q.previews, g.q.lastSeq = r.v.features == "", r.prod.gen.lastSeq.Load
 		go g.q.run()
 	}
 	ctx, cancel := context.WithCancel(r.ctx)

@@ -396,11 +396,12 @@ type apiStats struct {
 	ats, outOfRange                                           int // ?at= reads answered 200, and 422
 	windowed                                                  int // velocity lookups with ?window= answered 200
 	batches                                                   int // batches answered 200 (their results are counted as answers too)
+	previews                                                  int // previews answered 200
 }
 
 func (s apiStats) String() string {
-	return fmt.Sprintf("%d requests: %d answered 200 (%d of them re-keyed groups', and %d of those not judged; %d transaction calls and %d batches, whose entries count as answers; %d ?at= reads answered 200 and %d 422; %d ?window= lookups answered 200), %d 503, %d other statuses, %d without an answer (refused, timed out, reset); %d 200s had a committed offset before them; %d sampled distinct estimates not judged; %d ticks skipped (too many in flight)",
-		s.sent, s.ok, s.groups+s.unjudged, s.unjudged, s.txns, s.batches, s.ats, s.outOfRange, s.windowed, s.unavailable, s.other, s.transport, s.floored, s.estimates, s.skipped)
+	return fmt.Sprintf("%d requests: %d answered 200 (%d of them re-keyed groups', and %d of those not judged; %d transaction calls and %d batches, whose entries count as answers; %d ?at= reads answered 200 and %d 422; %d ?window= lookups and %d previews answered 200), %d 503, %d other statuses, %d without an answer (refused, timed out, reset); %d 200s had a committed offset before them; %d sampled distinct estimates not judged; %d ticks skipped (too many in flight)",
+		s.sent, s.ok, s.groups+s.unjudged, s.unjudged, s.txns, s.batches, s.ats, s.outOfRange, s.windowed, s.previews, s.unavailable, s.other, s.transport, s.floored, s.estimates, s.skipped)
 }
 
 // judgeEnv is what answers are judged by besides the input partitions' model:
@@ -410,7 +411,10 @@ func (s apiStats) String() string {
 type judgeEnv struct {
 	floors map[string]*commitTimeline
 	groups map[string]*groupModel
-	rel    func(time.Time) string
+	// reordered are, by input partition, the entities an idle release made
+	// count out of order (idle_test.go): their apply order is not the model's.
+	reordered map[int32]map[string]bool
+	rel       func(time.Time) string
 }
 
 // view is one state model as judge reads it: the input partitions' (velocity,
@@ -508,6 +512,8 @@ func (m *apiModel) judge(req *apiRequest, env *judgeEnv, st *apiStats) []answerV
 		return m.judgeTxn(req, env, st)
 	case epBatch:
 		return m.judgeBatch(req, env, st)
+	case epPreview:
+		return m.judgePreview(req, env, st)
 	}
 	v, floorsOf := m.view(), ""
 	if req.ep == epRekeyed {
@@ -551,41 +557,9 @@ func (m *apiModel) judge(req *apiRequest, env *judgeEnv, st *apiStats) []answerV
 	// partitioner gives its id (docs/api.md, Routing), and names an offset that
 	// exists.
 	p, last := *common.Partition, *common.LastOffset
-	if *common.EntityID != req.entity {
-		return []answerVerdict{{"wrong entity", fmt.Sprintf("entity_id %q, want %q", *common.EntityID, req.entity)}}
-	}
-	if want := apiPartition(req.entity); p != want {
-		return []answerVerdict{{"wrong partition", fmt.Sprintf("partition %d, want %d (murmur2 of the id)", p, want)}}
-	}
-	if last < -1 || last >= v.ends[p] {
-		return []answerVerdict{{"offset beyond the input", fmt.Sprintf("last_offset %d, want -1 to %d (the partition's end is %d)", last, v.ends[p]-1, v.ends[p])}}
-	}
-	var out []answerVerdict
-
-	// No answer from a previous owner's state: a partition's owner, however it
-	// got it, serves from a state at or after the group's committed offset C
-	// (the next offset to consume) as of its takeover: restored from a snapshot at
-	// or after C, or rebuilt up to C (docs/checkpoints.md, "On assignment"); its
-	// state only moves forward, and only it commits, after its state has passed
-	// what it commits. So an answer sent after the group had committed C for the
-	// partition reflects every offset below C: last_offset ≥ C − 1. One below it
-	// comes from an instance that no longer owns the partition and does not know
-	// it yet (a zombie: frozen past its session timeout, woken up). A second
-	// stage's repartition partition has the same rule, where the records below
-	// C (not every offset: under --exactly-once some are transaction markers)
-	// must be at or below last_offset.
-	if floor, at, ok := env.floors[floorsOf].before(p, req.sent); ok {
-		st.floored++
-		if v.behind(p, last, floor) {
-			out = append(out, answerVerdict{"answer from a previous owner's state", fmt.Sprintf(
-				"last_offset %d, but the group had committed offset %d for partition %d by %s, before the request was sent: want last_offset ≥ %d",
-				last, floor, p, env.rel(at), floor-1)})
-		}
-	}
-
-	s, err := v.at(p, last, *common.Pending, req.entity)
-	if err != nil {
-		return append(out, answerVerdict{"wrong pending", err.Error()})
+	s, out, ok := placed(v, env, floorsOf, req, *common.EntityID, p, last, *common.Pending, st)
+	if !ok {
+		return out
 	}
 	// ?at=: answered only inside the state's at_range and at or after the
 	// bucket of the entity's newest counted event in every window (else 422),
@@ -733,6 +707,49 @@ func (m *apiModel) judgeTxn(req *apiRequest, env *judgeEnv, st *apiStats) []answ
 		}
 	}
 	return out
+}
+
+// placed checks where an answer says it read: for the entity asked about, in
+// the partition Kafka's default partitioner gives its id (docs/api.md,
+// Routing), at an offset that exists and not from a previous owner's state,
+// with a pending the model allows; and returns the state it must reflect. ok
+// is false when nothing more can be judged.
+func placed(v *view, env *judgeEnv, floorsOf string, req *apiRequest, entity string, p int32, last int64, pending int, st *apiStats) (s state, out []answerVerdict, ok bool) {
+	if entity != req.entity {
+		return s, []answerVerdict{{"wrong entity", fmt.Sprintf("entity_id %q, want %q", entity, req.entity)}}, false
+	}
+	if want := apiPartition(req.entity); p != want {
+		return s, []answerVerdict{{"wrong partition", fmt.Sprintf("partition %d, want %d (murmur2 of the id)", p, want)}}, false
+	}
+	if last < -1 || last >= v.ends[p] {
+		return s, []answerVerdict{{"offset beyond the input", fmt.Sprintf("last_offset %d, want -1 to %d (the partition's end is %d)", last, v.ends[p]-1, v.ends[p])}}, false
+	}
+	// No answer from a previous owner's state: a partition's owner, however it
+	// got it, serves from a state at or after the group's committed offset C
+	// (the next offset to consume) as of its takeover: restored from a snapshot at
+	// or after C, or rebuilt up to C (docs/checkpoints.md, "On assignment"); its
+	// state only moves forward, and only it commits, after its state has passed
+	// what it commits. So an answer sent after the group had committed C for the
+	// partition reflects every offset below C: last_offset ≥ C − 1. One below it
+	// comes from an instance that no longer owns the partition and does not know
+	// it yet (a zombie: frozen past its session timeout, woken up). A second
+	// stage's repartition partition has the same rule, where the records below
+	// C (not every offset: under --exactly-once some are transaction markers)
+	// must be at or below last_offset.
+	if floor, at, ok := env.floors[floorsOf].before(p, req.sent); ok {
+		st.floored++
+		if v.behind(p, last, floor) {
+			out = append(out, answerVerdict{"answer from a previous owner's state", fmt.Sprintf(
+				"last_offset %d, but the group had committed offset %d for partition %d by %s, before the request was sent: want last_offset ≥ %d",
+				last, floor, p, env.rel(at), floor-1)})
+		}
+	}
+
+	s, err := v.at(p, last, pending, req.entity)
+	if err != nil {
+		return s, append(out, answerVerdict{"wrong pending", err.Error()}), false
+	}
+	return s, out, true
 }
 
 // judgeBatch checks a batch's 200 (docs/api.md, POST /v1/velocity:batch): one

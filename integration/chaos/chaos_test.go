@@ -516,6 +516,7 @@ func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, v variant, s
 	for _, g := range r.groups {
 		fails := append([]string(nil), replayFails...)
 		gvin := vin
+		reordered := map[int32]map[string]bool{}
 		if vin.replay != nil {
 			var outs []map[srcKey][]output
 			for _, cp := range g.cps {
@@ -523,6 +524,12 @@ func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, v variant, s
 			}
 			var ooo map[srcKey]bool
 			gvin.excused, ooo = idleExcuses(ends, replay, outs, gen, r.prod.gen.txs)
+			for k := range ooo {
+				if reordered[k.part] == nil {
+					reordered[k.part] = map[string]bool{}
+				}
+				reordered[k.part][r.prod.gen.txs[genID(gen[k])].entity] = true
+			}
 			tl.logf("idle rule, %s: %d events counted out of order after an idle release (by the order of the features records, or dead-lettered late); %d offsets held to replay's within its bounds only (idle_test.go):%s",
 				g.mode, len(ooo), len(gvin.excused), describeExcuses(gvin.excused))
 		}
@@ -534,7 +541,7 @@ func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, v variant, s
 		case modelErr != nil:
 			fails = append(fails, fmt.Sprintf("query API: no answer judged: %v", modelErr))
 		case model != nil:
-			je := &judgeEnv{floors: map[string]*commitTimeline{"": g.commits}, rel: tl.at}
+			je := &judgeEnv{floors: map[string]*commitTimeline{"": g.commits}, rel: tl.at, reordered: reordered}
 			for name, c := range g.groupCommits {
 				je.floors[name] = c
 			}

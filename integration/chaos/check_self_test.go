@@ -294,6 +294,59 @@ func apiChecksFire(t *testing.T) {
 		}
 	}
 
+	// The preview: a hypothetical transaction against the state at
+	// (last_offset 3, pending 1): counted t0 (100) and t0+500 (300), pending
+	// t0+1500 (50), watermark t0+500.
+	previewReq := func(amount, eventTime int64, id *string, body string) *apiRequest {
+		r := req(200, "", []byte(body))
+		r.ep, r.url, r.preview = epPreview, r.url+":preview", &previewTx{amount: amount, eventTime: eventTime, eventID: id}
+		return r
+	}
+	previewBody := func(outcome string, waits bool, features string) string {
+		return fmt.Sprintf(`{"entity_id":%q,"partition":0,"outcome":%q,"waits":%v,"features":%s,"as_of":%d,"last_offset":3,"pending":1}`, entity, outcome, waits, features, t0+500)
+	}
+	pvFeatures := func(count, sum, mn, prev, srcOff int64) string {
+		return fmt.Sprintf(`{"event_id":"preview","entity_id":%q,"event_time":%d,"windows":[{"window":"1m","window_ms":60000,"bucket_ms":1000,"count":%d,"sum_minor":%d,"min_minor":%d,"max_minor":300}],`+
+			`"ms_since_previous":%d,"late":false,"source_topic":"in","source_partition":0,"source_offset":%d}`, entity, t0+2000, count, sum, mn, prev, srcOff)
+	}
+	ev1, ev3, fresh := "ev-1", "ev-3", "pv-1"
+	var pst apiStats
+	if got := m.checkAnswers([]*apiRequest{
+		// t0+2000: waits; counts both counted ones, the pending one before it and itself.
+		previewReq(10, t0+2000, nil, previewBody("features", true, pvFeatures(4, 460, 10, 500, 4))),
+		previewReq(10, t0+2000, &fresh, previewBody("features", true, strings.Replace(pvFeatures(4, 460, 10, 500, 4), `"preview"`, `"pv-1"`, 1))),
+		previewReq(10, t0+100, nil, previewBody("late", false, "null")),
+		previewReq(10, t0+2000, &ev1, previewBody("duplicate", false, "null")),
+		previewReq(10, t0+2000, &ev3, previewBody("duplicate", false, "null")),
+		previewReq(10, t0+1500+25*3600*1000, nil, previewBody("invalid:event_time", false, "null")),
+	}, env, &pst); len(got) != 0 {
+		t.Fatalf("previews that keep every invariant fail: %v", got)
+	}
+	if pst.previews != 6 {
+		t.Errorf("stats %+v, want 6 previews", pst)
+	}
+	for _, c := range []struct {
+		name string
+		req  *apiRequest
+		want []string
+	}{
+		{"a wrong count", previewReq(10, t0+2000, nil, previewBody("features", true, pvFeatures(3, 410, 10, 500, 4))), []string{"preview: answer unlike the input's", "windows"}},
+		{"waits wrong", previewReq(10, t0+2000, nil, previewBody("features", false, pvFeatures(4, 460, 10, 500, 4))), []string{"waits = false, want true"}},
+		{"the pending one not counted first", previewReq(10, t0+2000, nil, previewBody("features", true, pvFeatures(4, 460, 10, 1500, 4))), []string{"ms_since_previous = 1500, want 500"}},
+		{"where it would land", previewReq(10, t0+2000, nil, previewBody("features", true, pvFeatures(4, 460, 10, 500, 3))), []string{"source 0/3, want false, 0/4"}},
+		{"features for a late one", previewReq(10, t0+100, nil, previewBody("features", true, pvFeatures(4, 460, 10, 500, 4))), []string{"preview: wrong outcome", `outcome "features", want "late"`}},
+		{"not a duplicate", previewReq(10, t0+2000, &ev1, previewBody("features", true, pvFeatures(4, 460, 10, 500, 4))), []string{`want "duplicate"`}},
+		{"a stale state", previewReq(10, t0+2000, nil, strings.Replace(previewBody("features", true, pvFeatures(4, 460, 10, 500, 4)), `"last_offset":3`, `"last_offset":2`, 1)),
+			[]string{"preview: answer from a previous owner's state"}},
+	} {
+		got := strings.Join(m.checkAnswers([]*apiRequest{c.req}, env, &apiStats{}), "\n")
+		for _, w := range c.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("preview, %s: the report lacks %q:\n%s", c.name, w, got)
+			}
+		}
+	}
+
 	// The features endpoint, under the file-features definition: its filters, a
 	// distinct count, and the exactness a small set must claim.
 	def, err := definition.LoadFile("testdata/tx_features.yaml")

@@ -13,7 +13,8 @@ import (
 
 // The idle rule (docs/contract.md, "What releases the rest") is the one place
 // where wall-clock time enters the results: a live partition that delivers
-// nothing for --idle-timeout releases everything pending, and an event that then
+// nothing for --idle-timeout, and holds nothing more at the broker, releases
+// everything pending, and an event that then
 // arrives older than an event already counted for its entity, but not late, is
 // counted out of order (its aggregates read at bucket granularity; late stays
 // false, which says --late=apply only) or dead-lettered late if its bucket has

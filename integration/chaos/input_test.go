@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -57,7 +58,9 @@ type generator struct {
 	fresh    [partitions]bool  // align moved the clock: the next record is a valid one at it
 	sent     [partitions][]*kgo.Record
 	seq      int
-	kinds    map[string]int
+	// lastSeq is seq, for the querier's goroutines (the preview's event ids).
+	lastSeq atomic.Int64
+	kinds   map[string]int
 	// txs is, by the id of the chaos.gen header, the transaction each record
 	// carries that decodes as one (whatever the service then makes of it): what
 	// the query API's answers are computed from (apicheck_test.go), the
@@ -119,6 +122,7 @@ func (g *generator) next() *kgo.Record {
 	p := g.rng.IntN(partitions)
 	started := g.sent[p] != nil
 	g.seq++
+	g.lastSeq.Store(int64(g.seq))
 	id := fmt.Sprintf("ev-%08d", g.seq)
 	ent := g.entity(p)
 	valid := func(t int64) *codec.Transaction {
