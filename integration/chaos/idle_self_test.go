@@ -136,3 +136,91 @@ func TestIdleExcusesAreBounded(t *testing.T) {
 		t.Errorf("repeats: want only offset 6 reported:\n%s", got)
 	}
 }
+
+// TestGroupIdleExcusesAreBounded needs no broker: a re-keyed group's event
+// counted out of order (late=true) excuses its own row, the rows of its key's
+// events after it in (event time, source partition, source offset) order that
+// the output partition shows released before it (any distance ahead), and the
+// ms_since_previous of the key's row right after it; nothing of another key,
+// nothing released after it, nothing before it.
+func TestGroupIdleExcusesAreBounded(t *testing.T) {
+	const t0 = int64(1_795_000_000_000)
+	type ev struct {
+		k      srcKey
+		key    string
+		t      int64
+		outOff int64 // where the live run released it
+	}
+	// Key EUR: 0/0 (t0), 1/0 (t0+5000, released early), 0/1 (t0+2000, the late
+	// one, counted after 1/0), 1/1 (t0+9000, right after it), 0/2 (t0+20000);
+	// key USD: 1/2 (t0+3000) beside them.
+	evs := []ev{{srcKey{0, 0}, "EUR", t0, 0}, {srcKey{1, 0}, "EUR", t0 + 5000, 1}, {srcKey{0, 1}, "EUR", t0 + 2000, 2},
+		{srcKey{1, 1}, "EUR", t0 + 9000, 3}, {srcKey{0, 2}, "EUR", t0 + 20000, 4}, {srcKey{1, 2}, "USD", t0 + 3000, 5}}
+	gen, txs := map[srcKey]string{}, map[string]genTx{}
+	row := func(e ev, count int64, prev int64, late bool, outOff int64) output {
+		native := map[string]any{
+			"event_id": "x", "entity_id": e.key, "event_time": e.t,
+			"windows": []any{map[string]any{"window": "1m", "window_ms": int64(60_000), "bucket_ms": int64(1000),
+				"count": count, "sum_minor": count, "min_minor": int64(1), "max_minor": int64(1)}},
+			"ms_since_previous": map[string]any{"long": prev}, "late": late,
+			"source_topic": "in", "source_partition": e.k.part, "source_offset": e.k.offset,
+		}
+		b, err := featuresCodec.BinaryFromNative(nil, native)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return output{key: []byte(e.key), value: b, srcTopic: "in", at: fmt.Sprintf("g/0@%d", outOff), outOffset: outOff}
+	}
+	replay := map[srcKey][]output{}
+	for i, e := range evs {
+		id := fmt.Sprintf("ev-%d", i)
+		gen[e.k] = "valid " + id
+		txs[id] = genTx{eventID: id, time: e.t}
+		replay[e.k] = []output{row(e, int64(i+1), 1, false, int64(i))}
+	}
+	ends := map[int32]int64{0: 3, 1: 3}
+	live := func(change map[int]output) map[srcKey][]output {
+		m := map[srcKey][]output{}
+		for i, e := range evs {
+			o := replay[e.k][0]
+			o.outOffset = e.outOff
+			if c, ok := change[i]; ok {
+				o = c
+			}
+			m[e.k] = []output{o}
+		}
+		return m
+	}
+	late := row(evs[2], 9, -3000, true, 2)
+	for _, c := range []struct {
+		name   string
+		change map[int]output
+		want   string // "": passes
+	}{
+		{"the late one, the one released before it and the next's ms_since_previous", map[int]output{
+			2: late, 1: row(evs[1], 7, 5000, false, 1), 3: row(evs[3], 4, 77, false, 3)}, ""},
+		{"the next one's count", map[int]output{2: late, 3: row(evs[3], 9, 77, false, 3)}, "offsets: 1"},
+		{"the one after the next", map[int]output{2: late, 4: row(evs[4], 9, 1, false, 4)}, "offsets: 2"},
+		{"the one before it", map[int]output{2: late, 0: row(evs[0], 9, 1, false, 0)}, "partition 0: 1 offsets: 0"},
+		{"another key", map[int]output{2: late, 5: row(evs[5], 9, 1, false, 5)}, "partition 1: 1 offsets: 2"},
+		{"no late one", map[int]output{1: row(evs[1], 7, 5000, false, 1)}, "partition 1: 1 offsets: 0"},
+	} {
+		outs := live(c.change)
+		ex, _, dead := groupIdleExcuses(replay, []map[srcKey][]output{outs}, gen, txs, featuresCodec)
+		if dead != 0 {
+			t.Fatalf("%s: %d dead at idle", c.name, dead)
+		}
+		in := verdictInput{inputTopic: "in", ends: ends, replay: replay, gen: gen, excused: ex, only: map[srcKey]bool{}}
+		for k := range replay {
+			in.only[k] = true
+		}
+		got := strings.Join(check(checkpoint{label: "cp", eos: true, outs: outs}, in), "\n")
+		if c.want == "" && got != "" || c.want != "" && !strings.Contains(got, c.want) {
+			t.Errorf("%s: report %q, want %q", c.name, got, c.want)
+		}
+	}
+	_, _, dead := groupIdleExcuses(replay, []map[srcKey][]output{live(map[int]output{2: {dead: true, reason: "late_after_idle", key: []byte("EUR")}})}, gen, txs, featuresCodec)
+	if dead != 1 {
+		t.Errorf("a late_after_idle dead letter: counted %d, want 1", dead)
+	}
+}

@@ -200,3 +200,109 @@ func describeExcuses(ex map[srcKey]excuse) string {
 	}
 	return s
 }
+
+// groupIdleExcuses is idleExcuses for a re-keyed group's outputs
+// (docs/repartition.md, the idle rule). A second stage whose order the idle
+// rule let pass an event counts it at once, out of order, and says so
+// (late=true), so the out-of-order events (A) are the outputs' own word. Its
+// windows are buckets, whatever the order, so only these outputs of A's key can
+// differ from replay's: A's; those of the key's events after A in (event time,
+// source partition, source offset) order that were released before it, as the
+// group's output partition shows (a record of theirs precedes one of A's); and
+// the ms_since_previous of the key's event released right after A. No time bound
+// limits the second set: the frontier the idle rule let pass can be any distance
+// ahead. An A dead-lettered late_after_idle is never counted, so its key's windows
+// lack it for as long as they would hold its bucket; such events are only counted
+// (deadAtIdle), and the caller holds the group to replay's only without them.
+// replay is the group's replay outputs (keyed by the group's key); c decodes its
+// features values.
+func groupIdleExcuses(replay map[srcKey][]output, outs []map[srcKey][]output, gen map[srcKey]string, txs map[string]genTx, c *goavro.Codec) (ex map[srcKey]excuse, outOfOrder map[srcKey]bool, deadAtIdle int) {
+	type ev struct {
+		k srcKey
+		t int64
+	}
+	order := func(x, y ev) int {
+		return cmp.Or(cmp.Compare(x.t, y.t), cmp.Compare(x.k.part, y.k.part), cmp.Compare(x.k.offset, y.k.offset))
+	}
+	byKey := map[string][]ev{}
+	keyOf := map[srcKey]string{}
+	for k, rs := range replay {
+		if len(rs) != 1 || rs[0].dead {
+			continue
+		}
+		key := string(rs[0].key)
+		keyOf[k] = key
+		byKey[key] = append(byKey[key], ev{k, txs[genID(gen[k])].time})
+	}
+	for _, evs := range byKey {
+		slices.SortFunc(evs, order)
+	}
+	// Every features record's output offset, by input record.
+	copies := map[srcKey][]int64{}
+	outOfOrder = map[srcKey]bool{}
+	for _, m := range outs {
+		for k, os := range m {
+			if _, ok := keyOf[k]; !ok {
+				continue
+			}
+			for _, o := range os {
+				switch {
+				case o.dead && o.reason == "late_after_idle":
+					if !outOfOrder[k] {
+						deadAtIdle++
+					}
+					outOfOrder[k] = true
+				case o.dead:
+				default:
+					copies[k] = append(copies[k], o.outOffset)
+					if nat, _, err := c.NativeFromBinary(o.value); err == nil {
+						if late, _ := nat.(map[string]any)["late"].(bool); late {
+							outOfOrder[k] = true
+						}
+					}
+				}
+			}
+		}
+	}
+	span := func(k srcKey) (lo, hi int64, ok bool) {
+		cs := copies[k]
+		if len(cs) == 0 {
+			return 0, 0, false
+		}
+		return slices.Min(cs), slices.Max(cs), true
+	}
+	ex = map[srcKey]excuse{}
+	for a := range outOfOrder {
+		key := keyOf[a]
+		evs := byKey[key]
+		ae := ev{a, txs[genID(gen[a])].time}
+		ex[a] = excuseWhole
+		_, aHi, aOut := span(a)
+		i, _ := slices.BinarySearchFunc(evs, ae, order)
+		for _, x := range evs[i:] {
+			if x.k == a {
+				continue
+			}
+			if xLo, _, ok := span(x.k); ok && aOut && xLo < aHi {
+				ex[x.k] = excuseWhole
+			}
+		}
+		// The key's event released right after each copy of A: its previous
+		// event in apply order is A.
+		for _, ac := range copies[a] {
+			var next srcKey
+			nextOff := int64(math.MaxInt64)
+			for _, x := range evs {
+				for _, xc := range copies[x.k] {
+					if x.k != a && xc > ac && xc < nextOff {
+						next, nextOff = x.k, xc
+					}
+				}
+			}
+			if nextOff != math.MaxInt64 && ex[next] < excusePrevious {
+				ex[next] = excusePrevious
+			}
+		}
+	}
+	return ex, outOfOrder, deadAtIdle
+}

@@ -256,10 +256,19 @@ func (pr *producer) burst(ctx context.Context, n int, d, pauseAt, pause time.Dur
 			batch = append(batch, pr.gen.next())
 		}
 		bctx, cancel := context.WithTimeout(ctx, 3*time.Minute) // a broker restart takes seconds
+		sent := time.Now()
 		err := produceRetrying(bctx, pr.cl, batch)
 		cancel()
 		if err != nil {
 			return err
+		}
+		// A batch held up past the idle timeout (a broker outage) ends the
+		// burst's alignment: the partitions may have been declared idle
+		// meanwhile, and a re-keyed group's second stage, with every source
+		// idle, has let its order pass the fastest source's newest event, so
+		// the rest of the burst starts past it, as a new burst would.
+		if time.Since(sent) > idleTimeout {
+			pr.gen.align()
 		}
 		pr.total += len(batch)
 		if wait := time.Until(begin.Add(time.Duration(s) * tick)); wait > 0 {

@@ -160,9 +160,8 @@ func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
 				p.At, p.Slot, p.Dur = ms(0, int(p.Length.Milliseconds()/2)), pick(), pt.session+ms(1500, 5000)
 			case faultBroker:
 				// In the first half, so that a burst usually goes on after the
-				// outage: the partitions went idle past --idle-timeout while the
-				// broker was away, and the rest of the burst brings events older
-				// than the ones the idle rule released (idle_test.go).
+				// outage: the producer's retries and the consumers' return meet
+				// the rest of the burst.
 				p.At, p.Dur = ms(0, int(p.Length.Milliseconds()/2)), ms(1000, 3000)
 			case faultGraceful:
 				p.At, p.Dur = ms(0, 500), ms(500, 2000)
