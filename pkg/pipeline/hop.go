@@ -200,10 +200,15 @@ func (p *Processor) HopMarkers(quiet bool, emit func(*Output)) {
 // epoch is not honoured), and counts the partition in its order again until the
 // new owner finds its input quiet.
 func (p *Processor) AnnounceOwner(emit func(*Output)) {
-	h := p.hop
-	if h == nil {
-		return
+	if p.hop != nil {
+		p.markActive(emit)
 	}
+}
+
+// markActive sends a marker that is not idle, with the watermark if there is one,
+// to every repartition partition, and ends the idle declaration.
+func (p *Processor) markActive(emit func(*Output)) {
+	h := p.hop
 	wm, ok := p.stage.Watermark()
 	if !ok {
 		wm = repartition.NoWatermark

@@ -394,3 +394,66 @@ func TestSecondStageAfterIdle(t *testing.T) {
 		t.Fatalf("merge stats %+v, want 2 late after idle and 2 duplicates", st)
 	}
 }
+
+// TestFirstStageWakeUpReachesEveryRepartitionPartition: the first record after a
+// first stage declared its input idle sends a marker that is not idle to every
+// repartition partition of every group, at once, not only hop records to those its
+// keys go to: until a repartition partition hears from the source, its second
+// stage leaves it out of the order and lets the other sources' watermarks move
+// the frontier past its new events. It failed before the wake-up sent them: the
+// record reached one repartition partition per group and the rest waited for the
+// next tick's markers (and, under --exactly-once, the next interval's commit).
+func TestFirstStageWakeUpReachesEveryRepartitionPartition(t *testing.T) {
+	groups := loadHopGroups(t)
+	const parts = 3
+	inner := newFeaturesProcessor(t, txDefinition, 1500).cfg.Decoder
+	hc := &HopConfig{Partitions: parts}
+	for i, g := range groups {
+		hc.Groups = append(hc.Groups, HopGroup{Name: fmt.Sprintf("g%d", i), Topic: hopTopic(i), Words: g.spec.Words()})
+	}
+	p, err := New(Config{Topic: "tx", Partition: 0, Decoder: &groupsDecoder{inner: inner, groups: groups},
+		Features: newFeaturesProcessor(t, txDefinition, 1500).cfg.Features, Hops: hc, Watermark: watermark.Config{AllowedLateness: 1500}}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := hopInput()[0]
+	var outs []*Output
+	emit := func(o *Output) {
+		if o.Hop {
+			c := *o
+			c.Value = bytes.Clone(o.Value)
+			outs = append(outs, &c)
+		}
+	}
+	for _, r := range recs[:20] {
+		p.Process(r, emit)
+	}
+	p.HopMarkers(true, emit)
+	if !p.IdleDeclared() {
+		t.Fatal("the idle verdict was not declared")
+	}
+	outs = nil
+	p.Process(recs[20], emit)
+	if p.IdleDeclared() {
+		t.Error("a record did not end the idle declaration")
+	}
+	active := map[[2]int]bool{} // (group, repartition partition) that heard a marker that is not idle
+	var dec repartition.Decoder
+	for _, o := range outs {
+		var r repartition.Record
+		if err := dec.Decode(o.Value, &r); err != nil {
+			t.Fatal(err)
+		}
+		g := slices.IndexFunc(hc.Groups, func(h HopGroup) bool { return h.Topic == o.Topic })
+		if r.Kind == repartition.KindMarker && !r.Idle {
+			active[[2]int{g, int(o.Partition)}] = true
+		}
+	}
+	for g := range hc.Groups {
+		for rp := range parts {
+			if !active[[2]int{g, rp}] {
+				t.Errorf("group %d, repartition partition %d: no marker that is not idle after the wake-up (%d hop records sent)", g, rp, len(outs))
+			}
+		}
+	}
+}

@@ -387,8 +387,15 @@ func (p *Processor) Process(r Record, emit func(*Output)) {
 		p.processHop(&r, emit)
 		return
 	}
-	if p.hop != nil {
-		p.hop.idleSent = false // any record ends a quiet spell, as any Offer does
+	if p.hop != nil && p.hop.idleSent {
+		// Any record ends a quiet spell, as any Offer does, and the second
+		// stages hear it at once, from every repartition partition, not only
+		// those this record's keys go to: until then each of them leaves this
+		// source out of its order and lets the others' watermarks move its
+		// frontier past this source's new events (docs/repartition.md, the idle
+		// rule). Under --exactly-once the commit that follows a wake-up carries
+		// these markers.
+		p.markActive(emit)
 	}
 	maxSeen, hasMax := p.stage.MaxSeen()
 	if rej := p.cfg.Decoder.Decode(r.Value, maxSeen, hasMax, &p.tx); rej != nil {
