@@ -554,7 +554,7 @@ func (r *run) startQueries(seed uint64) {
 		g.q = newQuerier(g.mode, g.api, eps, inPlace, pick, rekeyed, seed+uint64(i))
 		g.q.txn = len(rekeyed) > 0
 		g.q.windowNames = windowNames
-		g.q.previews, g.q.lastSeq = r.v.features == "", r.prod.gen.lastSeq.Load
+		g.q.previews, g.q.lastSeq = r.v.features == "", r.prod.gen.seq.Load
 		go g.q.run()
 	}
 	ctx, cancel := context.WithCancel(r.ctx)

@@ -670,32 +670,18 @@ func (m *apiModel) judgeTxn(req *apiRequest, env *judgeEnv, st *apiStats) []answ
 		if k == nil {
 			continue
 		}
-		var e struct {
-			Status   int             `json:"status"`
-			Features json.RawMessage `json:"features"`
-			Error    *struct {
-				Code string `json:"code"`
-			} `json:"error"`
-		}
-		if err := json.Unmarshal(ans.Groups[name], &e); err != nil {
-			out = append(out, answerVerdict{"transaction call: unreadable entry", fmt.Sprintf("group %s: %v", name, err)})
-			continue
-		}
-		switch {
-		case e.Status == 200 && e.Features == nil:
-			out = append(out, answerVerdict{"transaction call: unreadable entry", fmt.Sprintf("group %s: status 200 without features", name)})
-			continue
-		case e.Status != 200 && (e.Error == nil || e.Error.Code == ""):
-			out = append(out, answerVerdict{"transaction call: unreadable entry", fmt.Sprintf("group %s: status %d without an error code", name, e.Status)})
+		status, features, problem := readEntry(ans.Groups[name], "features")
+		if problem != "" {
+			out = append(out, answerVerdict{"transaction call: unreadable entry", fmt.Sprintf("group %s: %s", name, problem)})
 			continue
 		}
 		// The entry as the group's own lookup: its 503 needs no Retry-After
 		// of its own (the call is a 200), its 422 (for the call's at) is read
 		// from its error.
 		sub := *req
-		sub.keys, sub.entity, sub.status, sub.body, sub.retry = nil, *k, e.Status, ans.Groups[name], "(entry)"
-		if e.Status == 200 {
-			sub.body = e.Features
+		sub.keys, sub.entity, sub.status, sub.body, sub.retry = nil, *k, status, ans.Groups[name], "(entry)"
+		if status == 200 {
+			sub.body = features
 		}
 		if name == m.def.Group {
 			sub.ep = epGroup
@@ -752,6 +738,30 @@ func placed(v *view, env *judgeEnv, floorsOf string, req *apiRequest, entity str
 	return s, out, true
 }
 
+// readEntry reads one entry of a transaction call or one result of a batch: its
+// status and, under field, its answer; problem says what makes it unreadable (a
+// 200 without its answer, another status without an error code).
+func readEntry(raw json.RawMessage, field string) (status int, answer json.RawMessage, problem string) {
+	var e map[string]json.RawMessage
+	var er *struct{ Code string }
+	if err := json.Unmarshal(raw, &e); err != nil {
+		return 0, nil, err.Error()
+	}
+	if err := json.Unmarshal(e["status"], &status); e["status"] != nil && err != nil {
+		return 0, nil, err.Error()
+	}
+	if err := json.Unmarshal(e["error"], &er); e["error"] != nil && err != nil {
+		return 0, nil, err.Error()
+	}
+	switch answer = e[field]; {
+	case status == 200 && answer == nil:
+		return status, nil, "status 200 without " + field
+	case status != 200 && (er == nil || er.Code == ""):
+		return status, nil, fmt.Sprintf("status %d without an error code", status)
+	}
+	return status, answer, ""
+}
+
 // judgeBatch checks a batch's 200 (docs/api.md, POST /v1/velocity:batch): one
 // result per id, in request order, each the status that id's lookup alone
 // could have got (200, 503, or a 422 for an at), a 200's velocity judged as
@@ -778,31 +788,17 @@ func (m *apiModel) judgeBatch(req *apiRequest, env *judgeEnv, st *apiStats) []an
 	reads := map[int32]read{}
 	for i, raw := range ans.Results[:min(len(ans.Results), len(req.ids))] {
 		id := req.ids[i]
-		var e struct {
-			Status   int             `json:"status"`
-			Velocity json.RawMessage `json:"velocity"`
-			Error    *struct {
-				Code string `json:"code"`
-			} `json:"error"`
-		}
-		if err := json.Unmarshal(raw, &e); err != nil {
-			out = append(out, answerVerdict{"batch: unreadable result", fmt.Sprintf("result %d (%s): %v", i, id, err)})
-			continue
-		}
-		switch {
-		case e.Status == 200 && e.Velocity == nil:
-			out = append(out, answerVerdict{"batch: unreadable result", fmt.Sprintf("result %d (%s): status 200 without velocity", i, id)})
-			continue
-		case e.Status != 200 && (e.Error == nil || e.Error.Code == ""):
-			out = append(out, answerVerdict{"batch: unreadable result", fmt.Sprintf("result %d (%s): status %d without an error code", i, id, e.Status)})
+		status, velocity, problem := readEntry(raw, "velocity")
+		if problem != "" {
+			out = append(out, answerVerdict{"batch: unreadable result", fmt.Sprintf("result %d (%s): %s", i, id, problem)})
 			continue
 		}
 		// The result as the id's own lookup: its 503 needs no Retry-After of
 		// its own (the batch is a 200), its 422 is read from its error.
 		sub := *req
-		sub.ep, sub.ids, sub.entity, sub.status, sub.body, sub.retry = epVelocity, nil, id, e.Status, raw, "(entry)"
-		if e.Status == 200 {
-			sub.body = e.Velocity
+		sub.ep, sub.ids, sub.entity, sub.status, sub.body, sub.retry = epVelocity, nil, id, status, raw, "(entry)"
+		if status == 200 {
+			sub.body = velocity
 		}
 		for _, v := range m.judge(&sub, env, st) {
 			out = append(out, answerVerdict{"batch: " + v.kind, fmt.Sprintf("result %d (%s): %s", i, id, v.detail)})
@@ -812,7 +808,7 @@ func (m *apiModel) judgeBatch(req *apiRequest, env *judgeEnv, st *apiStats) []an
 			LastOffset *int64 `json:"last_offset"`
 			Pending    *int   `json:"pending"`
 		}
-		if e.Status != 200 || json.Unmarshal(e.Velocity, &c) != nil || c.Partition == nil || c.LastOffset == nil || c.Pending == nil {
+		if status != 200 || json.Unmarshal(velocity, &c) != nil || c.Partition == nil || c.LastOffset == nil || c.Pending == nil {
 			continue
 		}
 		if r, ok := reads[*c.Partition]; !ok {

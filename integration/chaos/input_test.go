@@ -57,10 +57,10 @@ type generator struct {
 	clock    [partitions]int64 // newest accepted event time; 0 = none yet
 	fresh    [partitions]bool  // align moved the clock: the next record is a valid one at it
 	sent     [partitions][]*kgo.Record
-	seq      int
-	// lastSeq is seq, for the querier's goroutines (the preview's event ids).
-	lastSeq atomic.Int64
-	kinds   map[string]int
+	// seq numbers the records (their ids); atomic, as the querier's
+	// goroutines read it (the preview's event ids).
+	seq   atomic.Int64
+	kinds map[string]int
 	// txs is, by the id of the chaos.gen header, the transaction each record
 	// carries that decodes as one (whatever the service then makes of it): what
 	// the query API's answers are computed from (apicheck_test.go), the
@@ -121,9 +121,7 @@ func (g *generator) entity(p int) string {
 func (g *generator) next() *kgo.Record {
 	p := g.rng.IntN(partitions)
 	started := g.sent[p] != nil
-	g.seq++
-	g.lastSeq.Store(int64(g.seq))
-	id := fmt.Sprintf("ev-%08d", g.seq)
+	id := fmt.Sprintf("ev-%08d", g.seq.Add(1))
 	ent := g.entity(p)
 	valid := func(t int64) *codec.Transaction {
 		return &codec.Transaction{EventID: id, EntityID: ent, AmountMinor: g.rng.Int64N(50_000), Currency: []string{"EUR", "USD", ""}[g.rng.IntN(3)], EventTime: t}
