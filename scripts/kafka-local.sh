@@ -11,8 +11,8 @@
 # kafka_2.13 plus an SLF4J->log4j2 binding) and is cached outside the repo, so a second
 # start needs no network and takes seconds. The broker is a combined KRaft
 # broker+controller on 127.0.0.1 (PLAINTEXT), with settings for tests: replication factor 1
-# for every internal topic, transactions on one node, no initial rebalance delay, a small
-# heap. Every start formats a fresh, empty log dir (restart keeps it). On success the last
+# for every internal topic (KAFKA_REPLICATION for a cluster), transactions on one node, no
+# initial rebalance delay, a small heap. Every start formats a fresh, empty log dir (restart keeps it). On success the last
 # line on stdout is the bootstrap address (127.0.0.1:PORT); on failure the broker's last
 # log lines are printed and the exit status is non-zero.
 #
@@ -31,6 +31,15 @@
 #                           (e.g. a SASL_SSL listener beside PLAINTEXT; see integration/kafkatest)
 #   KAFKA_SCRAM_CREDENTIALS SCRAM users created at format time, one per line, as the storage
 #                           tool's --add-scram takes them: SCRAM-SHA-512=[name=alice,password=...]
+#
+# One node of a cluster of several (each node is its own invocation, with its own ports
+# and state directory; start them together, since none serves before a quorum of the
+# controllers is up):
+#   KAFKA_NODE_ID           this node's id [1]
+#   KAFKA_QUORUM_VOTERS     every controller, id@host:port,... [1@127.0.0.1:KAFKA_CONTROLLER_PORT]
+#   KAFKA_CLUSTER_ID        the cluster id every node is formatted with [a new random one]
+#   KAFKA_REPLICATION       replication factor of new and internal topics [1]; above 1,
+#                           min.insync.replicas is 2, as in production
 #   JAVA, MVN               the java and mvn commands [java, mvn]
 set -euo pipefail
 
@@ -42,6 +51,13 @@ JAVA="${JAVA:-java}"
 MVN="${MVN:-mvn}"
 port="${KAFKA_PORT:-9092}"
 cport="${KAFKA_CONTROLLER_PORT:-$((port + 1))}"
+node_id="${KAFKA_NODE_ID:-1}"
+voters="${KAFKA_QUORUM_VOTERS:-$node_id@127.0.0.1:$cport}"
+replication="${KAFKA_REPLICATION:-1}"
+[[ "$node_id" =~ ^[0-9]+$ ]] || { echo "kafka-local: error: KAFKA_NODE_ID=$node_id is not a number" >&2; exit 2; }
+[[ "$replication" =~ ^[1-9][0-9]*$ ]] || { echo "kafka-local: error: KAFKA_REPLICATION=$replication is not a positive number" >&2; exit 2; }
+min_isr=1
+((replication > 1)) && min_isr=2
 start_timeout="${KAFKA_START_TIMEOUT:-120}"
 stop_timeout="${KAFKA_STOP_TIMEOUT:-30}"
 heap_opts="${KAFKA_HEAP_OPTS:--Xms64m -Xmx512m -XX:+UseSerialGC}"
@@ -119,8 +135,8 @@ write_config() {
 	cat >"$run/server.properties" <<EOF
 # Written by scripts/kafka-local.sh; rewritten on every start.
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@127.0.0.1:$cport
+node.id=$node_id
+controller.quorum.voters=$voters
 listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
 advertised.listeners=PLAINTEXT://127.0.0.1:$port
 controller.listener.names=CONTROLLER
@@ -128,18 +144,19 @@ inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 log.dirs=$run/data
 
-# One node: every internal topic has one replica, and one partition where that makes the
-# first group or transaction call cheap.
-default.replication.factor=1
-min.insync.replicas=1
+# Every internal topic has KAFKA_REPLICATION replicas (one on a single node, where a
+# min ISR above 1 could never be met), and one partition where that makes the first
+# group or transaction call cheap.
+default.replication.factor=$replication
+min.insync.replicas=$min_isr
 num.partitions=1
-offsets.topic.replication.factor=1
+offsets.topic.replication.factor=$replication
 offsets.topic.num.partitions=1
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
+transaction.state.log.replication.factor=$replication
+transaction.state.log.min.isr=$min_isr
 transaction.state.log.num.partitions=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.replication.factor=$replication
+share.coordinator.state.topic.min.isr=$min_isr
 share.coordinator.state.topic.num.partitions=1
 
 # Tests: no wait before the first rebalance; compaction observable within seconds.
@@ -192,8 +209,9 @@ start() {
 
 	# A Kafka cluster id is 16 random bytes, URL-safe base64 without padding; one that
 	# begins with '-' would be read as an option by the storage tool, so draw again.
-	local cluster_id="-"
-	while [[ "$cluster_id" == -* ]]; do
+	local cluster_id="${KAFKA_CLUSTER_ID:-}"
+	[[ "$cluster_id" != -* ]] || die "KAFKA_CLUSTER_ID=$cluster_id: the storage tool would read it as an option"
+	while [[ -z "$cluster_id" || "$cluster_id" == -* ]]; do
 		cluster_id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')"
 	done
 	local scram=() line

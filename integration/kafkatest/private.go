@@ -37,6 +37,24 @@ func StartPrivateBroker(t testing.TB) *PrivateBroker {
 // (client, controller, then the extra ones) and the broker's state directory.
 func startPrivateBroker(t testing.TB, extraPorts int, extraEnv func(ports []int, state string) []string) *PrivateBroker {
 	t.Helper()
+	script := privateScript(t)
+	ports := FreePorts(t, 2+extraPorts)
+	b := newPrivateBroker(t, script, ports[0], ports[1], func(state string) []string {
+		if extraEnv == nil {
+			return nil
+		}
+		return extraEnv(ports, state)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), scriptTimeout)
+	defer cancel()
+	b.launch(t, ctx, "start")
+	return b
+}
+
+// privateScript checks for the tools a private broker needs (skipping t without them,
+// or failing it under VELOCITY_REQUIRE_KAFKA=1) and returns scripts/kafka-local.sh.
+func privateScript(t testing.TB) string {
+	t.Helper()
 	for _, tool := range []string{"java", "mvn"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			if os.Getenv("VELOCITY_REQUIRE_KAFKA") == "1" {
@@ -49,12 +67,19 @@ func startPrivateBroker(t testing.TB, extraPorts int, extraEnv func(ports []int,
 	if err != nil {
 		t.Fatalf("kafkatest: %v", err)
 	}
-	ports := FreePorts(t, 2+extraPorts)
-	port, cport := ports[0], ports[1]
+	return script
+}
+
+// newPrivateBroker prepares a broker on the given client and controller ports, with its
+// state in a temporary directory of t, and stops it when t ends; it does not start it.
+// extraEnv, if set, returns more environment for scripts/kafka-local.sh given that
+// directory.
+func newPrivateBroker(t testing.TB, script string, port, cport int, extraEnv func(state string) []string) *PrivateBroker {
+	t.Helper()
 	b := &PrivateBroker{state: t.TempDir()}
 	environ := os.Environ()
 	if extraEnv != nil {
-		environ = append(environ, extraEnv(ports, b.state)...)
+		environ = append(environ, extraEnv(b.state)...)
 	}
 	env := append(environ,
 		"KAFKA_PORT="+strconv.Itoa(port),
@@ -75,12 +100,9 @@ func startPrivateBroker(t testing.TB, extraPorts int, extraEnv func(ports []int,
 		}
 		return out, nil
 	}
-
-	ctx, cancel := context.WithTimeout(context.Background(), scriptTimeout)
-	defer cancel()
 	t.Cleanup(func() {
-		if b.pid > 0 {
-			_ = syscall.Kill(b.pid, syscall.SIGCONT) // a frozen broker cannot act on SIGTERM
+		if pid := b.pid; pid > 0 {
+			_ = syscall.Kill(pid, syscall.SIGCONT) // a frozen broker cannot act on SIGTERM
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -90,33 +112,42 @@ func startPrivateBroker(t testing.TB, extraPorts int, extraEnv func(ports []int,
 		if t.Failed() {
 			if log, err := os.ReadFile(filepath.Join(b.state, "logs", "server.log")); err == nil {
 				lines := strings.Split(strings.TrimSpace(string(log)), "\n")
-				t.Logf("kafkatest: last lines of the private broker's log:\n%s",
+				t.Logf("kafkatest: last lines of the private broker's log (%s):\n%s", b.state,
 					strings.Join(lines[max(0, len(lines)-30):], "\n"))
 			}
 		}
 	})
-	b.launch(t, ctx, "start")
 	return b
 }
 
 // launch runs scripts/kafka-local.sh start or restart and waits until the broker answers.
 func (b *PrivateBroker) launch(t testing.TB, ctx context.Context, arg string) {
 	t.Helper()
+	if err := b.launchErr(ctx, arg); err != nil {
+		t.Fatalf("kafkatest: %v", err)
+	}
+}
+
+// launchErr is launch for a goroutine other than the test's: it returns what went wrong.
+func (b *PrivateBroker) launchErr(ctx context.Context, arg string) error {
 	out, err := b.run(ctx, arg)
 	if err != nil {
-		t.Fatalf("kafkatest: %s private broker: %v", arg, err)
+		return fmt.Errorf("%s private broker: %w", arg, err)
 	}
-	b.Addr = lastLine(out)
+	addr := lastLine(out)
 	pid, err := os.ReadFile(filepath.Join(b.state, "kafka.pid"))
 	if err != nil {
-		t.Fatalf("kafkatest: private broker PID: %v", err)
+		return fmt.Errorf("private broker PID: %w", err)
 	}
-	if b.pid, err = strconv.Atoi(strings.TrimSpace(string(pid))); err != nil {
-		t.Fatalf("kafkatest: private broker PID %q: %v", pid, err)
+	n, err := strconv.Atoi(strings.TrimSpace(string(pid)))
+	if err != nil {
+		return fmt.Errorf("private broker PID %q: %w", pid, err)
 	}
+	b.Addr, b.pid = addr, n
 	if err := ping(b.Addr, pingTimeout); err != nil {
-		t.Fatalf("kafkatest: private broker at %s: %v", b.Addr, err)
+		return fmt.Errorf("private broker at %s: %w", b.Addr, err)
 	}
+	return nil
 }
 
 // Restart starts a killed (or stopped) broker again on the same ports and the data it

@@ -34,37 +34,14 @@ import (
 func TestServiceRidesOutBrokerFaults(t *testing.T) {
 	b := kafkatest.StartPrivateBroker(t)
 	addr := b.Addr
-	bin := buildBinary(t)
 	ctx := kafkatest.Context(t, 6*time.Minute)
-	adm := kafkatest.Admin(t, addr)
 	keep := map[string]string{"retention.ms": "-1"}
 	input := kafkatest.CreateTopic(t, addr, recPartitions, keep)
 	const n = 60_000
 	recs := genStream(23, n)
 
-	mk := func(name string, eos bool, store string) *scenario {
-		return &scenario{name: name, eos: eos, group: kafkatest.Group(t), store: store,
-			out: kafkatest.CreateTopic(t, addr, recPartitions, keep), dlq: kafkatest.CreateTopic(t, addr, 1, keep)}
-	}
-	clean := mk("clean", false, "file://"+t.TempDir())
-	alo := mk("at-least-once", false, "file://"+t.TempDir())
-	eos := mk("exactly-once", true, "kafka://"+kafkatest.Name(t, "snap"))
-	all := []*scenario{clean, alo, eos}
-	for _, sc := range all {
-		count := map[*scenario]int{clean: 1, alo: 1, eos: 2}[sc]
-		for i := range count {
-			sc.instances = append(sc.instances, newInstance(t, bin, fmt.Sprintf("%s-%d", sc.name, i), sc.args(addr, input)))
-		}
-	}
-	t.Cleanup(func() {
-		for _, sc := range all {
-			for _, in := range sc.instances {
-				in.kill(syscall.SIGKILL)
-			}
-		}
-	})
-	faulted := []*instance{alo.instances[0], eos.instances[0], eos.instances[1]}
-	for _, in := range faulted {
+	clean, alo, eos := faultScenarios(t, addr, input)
+	for _, in := range append(append([]*instance(nil), alo.instances...), eos.instances...) {
 		in.start()
 	}
 
@@ -88,6 +65,48 @@ func TestServiceRidesOutBrokerFaults(t *testing.T) {
 	if err := <-produced; err != nil {
 		t.Fatalf("produce the input: %v", err)
 	}
+	checkRodeOut(t, ctx, addr, input, clean, alo, eos)
+}
+
+// faultScenarios are a broker-fault test's three groups on input, none started: clean
+// (default mode, file store; checkRodeOut starts it after the faults), alo (default
+// mode, file store) and eos (two exactly-once instances, kafka store on the same
+// cluster). Every instance is killed when t ends.
+func faultScenarios(t *testing.T, addr, input string) (clean, alo, eos *scenario) {
+	t.Helper()
+	bin := buildBinary(t)
+	keep := map[string]string{"retention.ms": "-1"}
+	mk := func(name string, eos bool, store string, count int) *scenario {
+		sc := &scenario{name: name, eos: eos, group: kafkatest.Group(t), store: store,
+			out: kafkatest.CreateTopic(t, addr, recPartitions, keep), dlq: kafkatest.CreateTopic(t, addr, 1, keep)}
+		for i := range count {
+			sc.instances = append(sc.instances, newInstance(t, bin, fmt.Sprintf("%s-%d", sc.name, i), sc.args(addr, input)))
+		}
+		return sc
+	}
+	clean = mk("clean", false, "file://"+t.TempDir(), 1)
+	alo = mk("at-least-once", false, "file://"+t.TempDir(), 1)
+	eos = mk("exactly-once", true, "kafka://"+kafkatest.Name(t, "snap"), 2)
+	t.Cleanup(func() {
+		for _, sc := range []*scenario{clean, alo, eos} {
+			for _, in := range sc.instances {
+				in.kill(syscall.SIGKILL)
+			}
+		}
+	})
+	return clean, alo, eos
+}
+
+// checkRodeOut ends a broker-fault test once the input is produced: it starts the clean
+// instance, waits until every group committed the end of the input, stops them all, and
+// holds the faulted groups (alo, eos) to the clean one: no instance stopped or logged a
+// fatal error, every input offset has an output (exactly one read_committed under eos),
+// each byte-identical to the clean one's.
+func checkRodeOut(t *testing.T, ctx context.Context, addr, input string, clean, alo, eos *scenario) {
+	t.Helper()
+	adm := kafkatest.Admin(t, addr)
+	faulted := append(append([]*instance(nil), alo.instances...), eos.instances...)
+	all := []*scenario{clean, alo, eos}
 	ends := endOffsets(t, ctx, adm, input)
 	clean.instances[0].start()
 	for _, sc := range all {

@@ -1,0 +1,85 @@
+package kafkatest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// PrivateCluster is a cluster of several brokers that one test owns, each a combined
+// KRaft broker and controller started by scripts/kafka-local.sh on free ports with its
+// state in the test's temporary directory. Topics and the internal topics have three
+// replicas (fewer with fewer nodes) and min.insync.replicas 2, as in production, so a
+// test can kill, freeze or restart one node while the others carry on: partition
+// leaders, the group and transaction coordinators and the active controller move.
+type PrivateCluster struct {
+	Addr  string           // every node's address, comma-separated (bootstrap list)
+	Nodes []*PrivateBroker // node i has node.id i+1
+}
+
+// StartPrivateCluster starts a cluster of n nodes (n ≥ 1) for t alone and stops it when
+// t ends. It needs what StartPrivateBroker needs.
+func StartPrivateCluster(t testing.TB, n int) *PrivateCluster {
+	t.Helper()
+	if n < 1 {
+		t.Fatalf("kafkatest: a cluster of %d nodes", n)
+	}
+	script := privateScript(t)
+	ports := FreePorts(t, 2*n)
+	id := clusterID()
+	var voters []string
+	for i := range n {
+		voters = append(voters, fmt.Sprintf("%d@127.0.0.1:%d", i+1, ports[2*i+1]))
+	}
+	env := []string{
+		"KAFKA_CLUSTER_ID=" + id,
+		"KAFKA_QUORUM_VOTERS=" + strings.Join(voters, ","),
+		"KAFKA_REPLICATION=" + strconv.Itoa(min(n, 3)),
+	}
+	c := &PrivateCluster{}
+	var addrs []string
+	for i := range n {
+		b := newPrivateBroker(t, script, ports[2*i], ports[2*i+1], func(string) []string {
+			return append(env, "KAFKA_NODE_ID="+strconv.Itoa(i+1))
+		})
+		c.Nodes = append(c.Nodes, b)
+		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(ports[2*i]))
+	}
+	c.Addr = strings.Join(addrs, ",")
+	// Together: no node opens its client port before a quorum of the controllers is up.
+	ctx, cancel := context.WithTimeout(context.Background(), scriptTimeout)
+	defer cancel()
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, b := range c.Nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = b.launchErr(ctx, "start")
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("kafkatest: cluster node %d: %v", i+1, err)
+		}
+	}
+	return c
+}
+
+// clusterID is a new Kafka cluster id: 16 random bytes, URL-safe base64 without padding,
+// not beginning with '-' (the storage tool would read it as an option).
+func clusterID() string {
+	for {
+		var b [16]byte
+		_, _ = rand.Read(b[:])
+		if id := base64.RawURLEncoding.EncodeToString(b[:]); id[0] != '-' {
+			return id
+		}
+	}
+}
