@@ -152,7 +152,8 @@ bench-api:
 # The randomized fault checker's long schedules (docs/fault-checker.md). Each
 # store (kafka, file) runs CHAOS_RUNS random seeds, or the seeds in CHAOS_SEEDS
 # (comma-separated): a schedule of about CHAOS_DURATION plus a minute or two of final
-# checks, against a default-mode and an --exactly-once group at once. It starts a private broker of its own (Java 17 + Maven).
+# checks, against a default-mode and an --exactly-once group at once. It starts a private broker of its own, and a
+# three-node cluster for kafka-cluster (Java 17 + Maven).
 # Logs of every run are kept under CHAOS_LOGS; one line per run is appended to CHAOS_REPORT.
 CHAOS_DURATION ?= 10m
 CHAOS_RUNS ?= 1
@@ -160,7 +161,7 @@ CHAOS_SEEDS ?=
 CHAOS_LOGS ?= bin/chaos
 CHAOS_REPORT ?= $(CHAOS_LOGS)/report.tsv
 CHAOS_TIMEOUT ?= 6h
-# One variant only: CHAOS_STORES=kafka (both kafka runs), kafka-groups, file (both file runs) or file-features
+# One variant only: CHAOS_STORES=kafka (the three kafka runs), kafka-groups, kafka-cluster, file (both file runs) or file-features
 CHAOS_STORES ?=
 chaos:
 	mkdir -p $(CHAOS_LOGS)

@@ -558,7 +558,7 @@ func (r *run) startQueries(seed uint64) {
 		go g.q.run()
 	}
 	ctx, cancel := context.WithCancel(r.ctx)
-	adm := kafkatest.Admin(r.t, r.b.Addr)
+	adm := kafkatest.Admin(r.t, r.addr)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

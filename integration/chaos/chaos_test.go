@@ -111,17 +111,23 @@ func randomSeeds(t *testing.T) []uint64 {
 // of its store. See the package doc and docs/fault-checker.md.
 func TestChaos(t *testing.T) {
 	env := readEnv(t)
-	b := kafkatest.StartPrivateBroker(t)
+	// The single broker is shared by the variants that use one; a cluster is
+	// its variant's own.
+	single := kafkatest.StartPrivateBroker(t)
 	bin := buildBinary(t)
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
+			nodes := []*kafkatest.PrivateBroker{single}
+			if v.nodes > 1 {
+				nodes = kafkatest.StartPrivateCluster(t, v.nodes).Nodes
+			}
 			seeds := env.seeds
 			if seeds == nil {
 				seeds = randomSeeds(t)
 			}
 			for _, seed := range seeds {
 				t.Run(fmt.Sprintf("seed-%d", seed), func(t *testing.T) {
-					runChaos(t, b, bin, v, seed, env)
+					runChaos(t, nodes, bin, v, seed, env)
 				})
 			}
 		})
@@ -190,6 +196,9 @@ type variant struct {
 	name     string
 	store    string
 	features string // a definition file, or ""
+	// nodes > 1: the variant runs on a cluster of its own of that many nodes
+	// (kafkatest.StartPrivateCluster) instead of the shared single broker.
+	nodes int
 }
 
 var variants = []variant{
@@ -205,7 +214,18 @@ var variants = []variant{
 	// stage's outputs and its own commit. The kafka store moves partitions of
 	// both stages freely.
 	{name: "kafka-groups", store: "kafka", features: "testdata/tx_groups.yaml"},
+	// A three-node cluster (replication factor 3, min.insync.replicas 2):
+	// broker faults kill one node, or two (no quorum, nothing can be
+	// produced), or freeze one past its session with the controller, so
+	// partition leadership, the coordinators and the snapshot topic's
+	// leaders move under the instances instead of coming back where they were.
+	{name: "kafka-cluster", store: "kafka", nodes: 3},
 }
+
+// nodeSession is the brokers' session with the controller
+// (broker.session.timeout.ms, Kafka's default): a node silent for longer is
+// fenced, and its partitions get other leaders.
+const nodeSession = 9 * time.Second
 
 // rekeyed is one re-keyed group of a variant's definition as the checker reads
 // it: its name and output schema.
@@ -337,8 +357,10 @@ type group struct {
 // run is one schedule over one input, consumed by a default-mode group and
 // an exactly-once group with the same checkpoint store kind.
 type run struct {
-	t      *testing.T
-	b      *kafkatest.PrivateBroker
+	t *testing.T
+	// addr is the bootstrap list; nodes the broker, or the cluster's nodes.
+	addr   string
+	nodes  []*kafkatest.PrivateBroker
 	store  string
 	v      variant
 	out    outputSchema
@@ -359,17 +381,22 @@ type run struct {
 	stopPoll func()
 }
 
-func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, v variant, seed uint64, env chaosEnv) {
+func runChaos(t *testing.T, nodes []*kafkatest.PrivateBroker, bin string, v variant, seed uint64, env chaosEnv) {
 	store := v.store
 	rks := v.rekeyedGroups(t)
-	sched := makeSchedule(seed, env.duration, planTimes{session: sessionTimeout, idle: idleTimeout, pauses: len(rks) == 0})
+	sched := makeSchedule(seed, env.duration, planTimes{session: sessionTimeout, idle: idleTimeout, pauses: len(rks) == 0,
+		nodes: len(nodes), nodeSession: nodeSession})
 	repro := fmt.Sprintf("VELOCITY_REQUIRE_KAFKA=1 VELOCITY_CHAOS_SEED=%d VELOCITY_CHAOS_DURATION=%s go test -tags integration -count=1 -v -run 'TestChaos/^%s$/' ./integration/chaos/",
 		seed, env.duration, v.name)
 	fmt.Fprintf(os.Stderr, "chaos: store %s, seed %d (reproduce: %s)\n", store, seed, repro)
 	t.Logf("chaos: store %s, seed %d; reproduce with:\n  %s\n%s", store, seed, repro, sched)
 
 	dir, keep := logDir(t, env, v.name, seed)
-	r := &run{t: t, b: b, store: store, v: v, out: v.output(t), sched: sched, env: env, dir: dir, faults: map[faultKind]int{}}
+	var addrs []string
+	for _, n := range nodes {
+		addrs = append(addrs, n.Addr)
+	}
+	r := &run{t: t, addr: strings.Join(addrs, ","), nodes: nodes, store: store, v: v, out: v.output(t), sched: sched, env: env, dir: dir, faults: map[faultKind]int{}}
 	r.ctx = kafkatest.Context(t, sched.length()+10*time.Minute)
 	tl, err := newTimeline(dir, t.Logf)
 	if err != nil {
@@ -380,7 +407,7 @@ func runChaos(t *testing.T, b *kafkatest.PrivateBroker, bin string, v variant, s
 		t.Fatal(err)
 	}
 
-	addr := b.Addr
+	addr := r.addr
 	keepAll := map[string]string{"retention.ms": "-1"}
 	portRng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), seed))
 	ports := map[int]bool{}
@@ -760,12 +787,34 @@ func (r *run) fault(p phase) {
 		}
 		r.stopAll(syscall.SIGTERM, ins...)
 	case faultBroker:
-		tl.logf("SIGKILL the broker")
-		r.b.Kill(r.t)
+		down := r.nodes
+		if len(r.nodes) > 1 {
+			down = nil
+			for _, i := range p.Nodes.list() {
+				down = append(down, r.nodes[i])
+			}
+			tl.logf("SIGKILL broker node(s) %s", nodeNames(p.Nodes))
+		} else {
+			tl.logf("SIGKILL the broker")
+		}
+		for _, n := range down {
+			n.Kill(r.t)
+		}
 		time.Sleep(p.Dur)
 		tl.logf("restart the broker")
-		r.b.Restart(r.t)
+		// One at a time: of three nodes, the first back restores the
+		// controllers' quorum with the one left running.
+		for _, n := range down {
+			n.Restart(r.t)
+		}
 		tl.logf("broker answers again")
+	case faultNodeFreeze:
+		n := r.nodes[p.Nodes.list()[0]]
+		tl.logf("SIGSTOP broker node %s", nodeNames(p.Nodes))
+		n.Freeze(r.t)
+		time.Sleep(p.Dur)
+		tl.logf("SIGCONT broker node %s", nodeNames(p.Nodes))
+		n.Thaw(r.t)
 	case faultGraceful:
 		var up []*instance
 		for _, g := range r.groups {
@@ -861,7 +910,7 @@ func (r *run) selfExits(g *group) int {
 //  3. after one instance is started again with no new input and SIGTERMed.
 func (r *run) finale() {
 	t, tl := r.t, r.tl
-	adm := kafkatest.Admin(t, r.b.Addr)
+	adm := kafkatest.Admin(t, r.addr)
 
 	// Settle: the last fault's rebalance is over (the session timeout of a
 	// killed or frozen process has passed), and the processes have read all

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/velocity-consumer/velocity-consumer/integration/kafkatest"
 	"github.com/velocity-consumer/velocity-consumer/schemas"
 )
 
@@ -116,7 +117,7 @@ func newCollector(ctx context.Context, addr, features, dlq string, committed boo
 		iso = kgo.ReadCommitted()
 	}
 	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(addr),
+		kgo.SeedBrokers(kafkatest.Seeds(addr)...),
 		kgo.ConsumeTopics(features, dlq),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchIsolationLevel(iso),
@@ -274,7 +275,7 @@ func (c *collector) problems() (bad, fetch []string) {
 // readInput reads the input topic up to ends and returns, per offset, what
 // the generator said the record is (its chaos.gen header), for messages.
 func readInput(ctx context.Context, addr, topic string, ends map[int32]int64) (map[srcKey]string, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics(topic),
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kafkatest.Seeds(addr)...), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.DialTimeout(5*time.Second))
 	if err != nil {
 		return nil, err

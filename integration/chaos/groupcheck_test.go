@@ -15,6 +15,7 @@ import (
 	"github.com/linkedin/goavro/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/velocity-consumer/velocity-consumer/integration/kafkatest"
 	"github.com/velocity-consumer/velocity-consumer/pkg/definition"
 	"github.com/velocity-consumer/velocity-consumer/pkg/repartition"
 )
@@ -298,7 +299,7 @@ func repartitionTopic(consumerGroup, group string) string {
 // --exactly-once), with the partitions' end offsets. The topic is complete:
 // every instance has stopped.
 func readRepartition(ctx context.Context, addr, topic string, committed bool) (map[int32][]hopRecord, map[int32]int64, error) {
-	opts := []kgo.Opt{kgo.SeedBrokers(addr), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.DialTimeout(5 * time.Second)}
+	opts := []kgo.Opt{kgo.SeedBrokers(kafkatest.Seeds(addr)...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.DialTimeout(5 * time.Second)}
 	if committed {
 		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	}
@@ -358,7 +359,7 @@ func (r *run) groupModels(g *group, gen map[srcKey]string) (map[string]*groupMod
 		}
 		topic := repartitionTopic(g.name, rk.name)
 		ctx, cancel := context.WithTimeout(r.ctx, 2*time.Minute)
-		recs, ends, err := readRepartition(ctx, r.b.Addr, topic, g.eos)
+		recs, ends, err := readRepartition(ctx, r.addr, topic, g.eos)
 		cancel()
 		if err != nil {
 			return nil, err

@@ -15,17 +15,18 @@ import (
 type faultKind int
 
 const (
-	faultNone      faultKind = iota
-	faultKill                // SIGKILL instance Slot at At, start it again Dur later
-	faultFreeze              // SIGSTOP instance Slot at At, SIGCONT Dur later (Dur > --session-timeout)
-	faultScaleUp             // start instances 1 and 2 at At: 1 → 3
-	faultScaleDown           // SIGTERM instances 1 and 2 at At: 3 → 1
-	faultBroker              // SIGKILL the broker at At, restart it on its data Dur later
-	faultGraceful            // SIGTERM every running instance at At, start them again Dur later (a quiet phase: no new input)
+	faultNone       faultKind = iota
+	faultKill                 // SIGKILL instance Slot at At, start it again Dur later
+	faultFreeze               // SIGSTOP instance Slot at At, SIGCONT Dur later (Dur > --session-timeout)
+	faultScaleUp              // start instances 1 and 2 at At: 1 → 3
+	faultScaleDown            // SIGTERM instances 1 and 2 at At: 3 → 1
+	faultBroker               // SIGKILL the broker (of a cluster: the Nodes) at At, restart it on its data Dur later
+	faultGraceful             // SIGTERM every running instance at At, start them again Dur later (a quiet phase: no new input)
+	faultNodeFreeze           // a cluster only: SIGSTOP the node in Nodes at At, SIGCONT Dur later (Dur > the brokers' session with the controller)
 )
 
 func (k faultKind) String() string {
-	return [...]string{"none", "sigkill", "sigstop", "scale-up", "scale-down", "broker-restart", "graceful-restart"}[k]
+	return [...]string{"none", "sigkill", "sigstop", "scale-up", "scale-down", "broker-restart", "graceful-restart", "node-freeze"}[k]
 }
 
 // phase is one step of a schedule: a burst of input (Records > 0) or a quiet
@@ -38,6 +39,9 @@ type phase struct {
 	At      time.Duration
 	Slot    int           // the instance of faultKill and faultFreeze
 	Dur     time.Duration // restart delay, freeze length or broker downtime
+	// Nodes are the cluster nodes of faultBroker and faultNodeFreeze; none
+	// with a single broker.
+	Nodes nodeSet
 	// Pause > 0: the burst's input stops PauseAt into it for Pause, longer
 	// than --idle-timeout, then goes on where it was (no new alignment): the
 	// partitions, caught up and quiet, release their reorder buffers by the
@@ -63,13 +67,51 @@ func (p phase) String() string {
 	case faultFreeze:
 		fmt.Fprintf(&b, "; at +%s SIGSTOP instance %d, SIGCONT %s later", p.At, p.Slot, p.Dur)
 	case faultBroker:
-		fmt.Fprintf(&b, "; at +%s SIGKILL the broker, restart it %s later", p.At, p.Dur)
+		if p.Nodes == 0 {
+			fmt.Fprintf(&b, "; at +%s SIGKILL the broker, restart it %s later", p.At, p.Dur)
+		} else {
+			fmt.Fprintf(&b, "; at +%s SIGKILL broker node(s) %s, restart them %s later", p.At, nodeNames(p.Nodes), p.Dur)
+		}
+	case faultNodeFreeze:
+		fmt.Fprintf(&b, "; at +%s SIGSTOP broker node %s, SIGCONT %s later", p.At, nodeNames(p.Nodes), p.Dur)
 	case faultGraceful:
 		fmt.Fprintf(&b, "; at +%s SIGTERM every instance, start them again %s later", p.At, p.Dur)
 	default:
 		fmt.Fprintf(&b, "; at +%s %s", p.At, p.Fault)
 	}
 	return b.String()
+}
+
+// nodeSet is a set of a cluster's nodes by index (bit i: node i, whose node.id is
+// i+1): a value, so that phases stay comparable.
+type nodeSet uint8
+
+func nodesOf(idx ...int) nodeSet {
+	var s nodeSet
+	for _, i := range idx {
+		s |= 1 << i
+	}
+	return s
+}
+
+// list is the set's node indexes, in order.
+func (s nodeSet) list() []int {
+	var out []int
+	for i := 0; i < 8; i++ {
+		if s&(1<<i) != 0 {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// nodeNames are the set's nodes as the cluster numbers them (node.id).
+func nodeNames(s nodeSet) string {
+	var n []string
+	for _, i := range s.list() {
+		n = append(n, fmt.Sprint(i+1))
+	}
+	return strings.Join(n, " and ")
 }
 
 // schedule is everything a run does that its seed decides: the phases, and
@@ -90,6 +132,14 @@ type planTimes struct {
 	// nearly every run, which their topic checks do not bound
 	// (docs/fault-checker.md).
 	pauses bool
+	// nodes > 1: the broker is a cluster of that many nodes (replication
+	// factor 3, min.insync.replicas 2), whose session with the controller is
+	// nodeSession. A broker restart kills one node, or in one round in three
+	// two at once (below min.insync.replicas, and no controller quorum with
+	// three), and every round also freezes one node past nodeSession, so
+	// that the controller fences it and moves its leadership while it sleeps.
+	nodes       int
+	nodeSession time.Duration
 }
 
 // makeSchedule builds the schedule of seed: rounds until the planned length
@@ -105,6 +155,9 @@ func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
 	// The pauses draw from a source of their own, so that they leave the rest
 	// of a seed's schedule as it is without them.
 	prng := rand.New(rand.NewPCG(seed, 0x7061757365))
+	// So do a cluster's faults: with a single broker a seed's schedule is the
+	// one it always was.
+	crng := rand.New(rand.NewPCG(seed, 0x636c7573746572))
 	s := schedule{Seed: seed, InputSeed: rng.Uint64()}
 	ms := func(lo, hi int) time.Duration { return time.Duration(lo+rng.IntN(hi-lo+1)) * time.Millisecond }
 	burst := func() phase {
@@ -123,6 +176,9 @@ func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
 	for round := 0; round == 0 || s.length() < minLength; round++ {
 		events := []faultKind{faultKill, faultKill, faultFreeze, faultBroker, faultGraceful, faultScaleUp}
 		rng.Shuffle(len(events), func(i, j int) { events[i], events[j] = events[j], events[i] })
+		if pt.nodes > 1 {
+			events = slices.Insert(events, crng.IntN(len(events)+1), faultNodeFreeze)
+		}
 		up := slices.Index(events, faultScaleUp)
 		down := up + 1 + rng.IntN(len(events)-up)
 		events = slices.Insert(events, down, faultScaleDown)
@@ -163,6 +219,20 @@ func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
 				// outage: the producer's retries and the consumers' return meet
 				// the rest of the burst.
 				p.At, p.Dur = ms(0, int(p.Length.Milliseconds()/2)), ms(1000, 3000)
+				if pt.nodes > 1 {
+					first := crng.IntN(pt.nodes)
+					p.Nodes = nodesOf(first)
+					if pt.nodes > 2 && crng.IntN(3) == 0 {
+						p.Nodes |= nodesOf((first + 1 + crng.IntN(pt.nodes-1)) % pt.nodes)
+					}
+				}
+			case faultNodeFreeze:
+				// In the first half, as a broker restart, and 1-5 s past the
+				// node's session: its leadership moves while it sleeps, and it
+				// wakes a stale leader with the rest of the burst going on.
+				p.At = time.Duration(crng.Int64N(int64(p.Length/2) + 1)).Round(time.Millisecond)
+				p.Dur = pt.nodeSession + time.Duration(1000+crng.IntN(4001))*time.Millisecond
+				p.Nodes = nodesOf(crng.IntN(pt.nodes))
 			case faultGraceful:
 				p.At, p.Dur = ms(0, 500), ms(500, 2000)
 			case faultScaleUp:
@@ -243,6 +313,9 @@ func TestChaosSchedule(t *testing.T) {
 				}
 				running = 1
 			}
+			if p.Nodes != 0 || p.Fault == faultNodeFreeze {
+				t.Fatalf("seed %d phase %d: %s on a single broker", seed, i, p)
+			}
 			if p.Fault == faultFreeze && p.Dur <= pt.session {
 				t.Fatalf("seed %d phase %d: freeze of %s within the session timeout", seed, i, p.Dur)
 			}
@@ -294,6 +367,47 @@ func TestChaosSchedule(t *testing.T) {
 	if paused*5 < bursts || paused*2 > bursts {
 		t.Errorf("%d of %d bursts paused, want about a third", paused, bursts)
 	}
+	// A cluster: every round freezes one node past its session with the
+	// controller, every broker restart kills one or two existing nodes (two in
+	// about a third of them). (Its draws come from a source of their own, so a
+	// single broker's schedules are what they were before clusters.)
+	cp := pt
+	cp.nodes, cp.nodeSession = 3, 9*time.Second
+	restarts, doubles := 0, 0
+	for seed := uint64(1); seed <= 200; seed++ {
+		c := makeSchedule(seed, 3*time.Minute, cp)
+		freezes, brokers := 0, 0
+		for i, p := range c.Phases {
+			switch p.Fault {
+			case faultNodeFreeze:
+				freezes++
+				if n := p.Nodes.list(); len(n) != 1 || n[0] >= cp.nodes || p.Dur <= cp.nodeSession || p.At > p.Length/2 {
+					t.Fatalf("seed %d phase %d: %s: want one node frozen past %s in the first half of its phase", seed, i, p, cp.nodeSession)
+				}
+			case faultBroker:
+				brokers++
+				n := p.Nodes.list()
+				if len(n) < 1 || len(n) > 2 || n[len(n)-1] >= cp.nodes {
+					t.Fatalf("seed %d phase %d: %s: want one or two of %d nodes", seed, i, p, cp.nodes)
+				}
+				restarts++
+				if len(n) == 2 {
+					doubles++
+				}
+			default:
+				if p.Nodes != 0 {
+					t.Fatalf("seed %d phase %d: %s names nodes", seed, i, p)
+				}
+			}
+		}
+		if freezes == 0 || freezes != brokers {
+			t.Fatalf("seed %d: %d node freezes and %d broker restarts, want one of each per round", seed, freezes, brokers)
+		}
+	}
+	if doubles*5 < restarts || doubles*2 > restarts {
+		t.Errorf("%d of %d broker restarts killed two nodes, want about a third", doubles, restarts)
+	}
 	one := makeSchedule(1, 0, pt)
 	t.Logf("a one-round schedule plans %s:\n%s", one.length(), one)
+	t.Logf("a one-round schedule on a cluster of 3:\n%s", makeSchedule(1, 0, cp))
 }
