@@ -241,12 +241,10 @@ type Service struct {
 	// fenceOnAssign initialised for partitions just assigned, until acquire
 	// takes them (or a revoke, a loss or the end of Run closes them).
 	fenced map[int32]*kgo.Client
-	// ownerCheck is when reacquireLost last asked the coordinator (poll loop only).
-	ownerCheck time.Time
-	// reacquireFailing holds, for partitions in txnLost, when reacquireLost's
-	// takeover of them first failed for a reason that may pass, until one
-	// succeeds or the partition leaves txnLost (poll loop only).
-	reacquireFailing map[int32]time.Time
+	// retakes are the takeovers in progress of partitions in txnLost that the
+	// group still assigns to us (under mu; reacquireLost starts them,
+	// stopPartitions cancels them).
+	retakes map[int32]*retake
 	// wakePoll ends the poll in progress (under mu).
 	wakePoll context.CancelFunc
 	// inputTopicID is the input topic's id for exactly-once offset commits
@@ -270,7 +268,7 @@ type Service struct {
 	gauges struct{ assigned, restoring, paused prometheus.Gauge }
 
 	ready atomic.Bool
-	// restoring counts takeovers in progress (assigned, reacquireLost).
+	// restoring counts takeovers in progress (assigned, retake).
 	restoring atomic.Int32
 	failMu    sync.Mutex
 	failed    error
@@ -290,7 +288,7 @@ func New(cfg Config, log *zap.Logger, m *metrics.Metrics) (*Service, error) {
 		}
 	}
 	s := &Service{cfg: cfg, log: log, m: m, dec: dec, workers: make(map[int32]*worker), txnLost: make(map[int32]time.Time), fenced: make(map[int32]*kgo.Client),
-		reacquireFailing: make(map[int32]time.Time), setUp: make(chan struct{}), roundWait: defaultRoundWait}
+		retakes: make(map[int32]*retake), setUp: make(chan struct{}), roundWait: defaultRoundWait}
 	s.gauges.assigned, s.gauges.restoring, s.gauges.paused = m.AssignedPartition, m.PartitionsRestoring, m.PausedPartitions
 	if g := cfg.Merge; g != nil {
 		s.log = log.With(zap.String("rekeyed_group", g.Name))
@@ -932,75 +930,149 @@ const txnLostGrace = 5 * time.Second
 // from its last committed checkpoint and rewinds fetching there; nothing the
 // lost transaction held was ever visible to read_committed readers.
 //
-// It runs on the poll goroutine between a poll and AllowRebalance, so no
-// revoke can run meanwhile, and SetOffsets is safe (franz-go drops buffered
-// fetches when offsets are set).
-//
-// A takeover that fails for a reason that may pass (mayPass) leaves the
-// partition lost and paused, and is tried again at the next owner check (each
-// second), for up to takeoverRetry since its first failure, as
-// acquireRetrying does on assignment; it is not retried in place, which would
-// hold up the poll loop and every other partition. A transaction is most
-// often lost to a broker restarting (its commit's answer never came), and the
-// broker is often not back 5 s later: stopping on the first refused dial
-// stopped the service over a restart it rides out everywhere else.
+// It runs on the poll goroutine between a poll and AllowRebalance, but the
+// takeovers do not (retake): a restore can take seconds, a warm-up minutes,
+// and on the poll goroutine they held up every other partition's fetches and
+// the group's rebalances meanwhile. reacquireLost starts a retake for each
+// partition past its grace and, once one is done, rewinds fetching to where
+// it resumes: SetOffsets stays here, where no revoke can run and franz-go
+// drops buffered fetches when offsets are set. A revoke or loss of the
+// partition meanwhile cancels its retake and waits for it (stopPartitions).
 func (s *Service) reacquireLost(ctx context.Context) {
+	var done []*retake
 	s.mu.Lock()
-	var due []int32
-	for p, at := range s.txnLost {
-		if time.Since(at) >= txnLostGrace {
-			due = append(due, p)
+	for p, rt := range s.retakes {
+		select {
+		case <-rt.done:
+			delete(s.retakes, p)
+			done = append(done, rt)
+		default:
 		}
 	}
-	for p := range s.reacquireFailing {
-		if _, ok := s.txnLost[p]; !ok {
-			delete(s.reacquireFailing, p) // revoked or lost meanwhile
+	for p, at := range s.txnLost {
+		if _, ok := s.retakes[p]; !ok && time.Since(at) >= txnLostGrace {
+			rctx, cancel := context.WithCancel(ctx)
+			rt := &retake{p: p, cancel: cancel, done: make(chan struct{})}
+			s.retakes[p] = rt
+			go s.retake(rctx, rt)
 		}
 	}
 	s.mu.Unlock()
-	if len(due) == 0 || time.Since(s.ownerCheck) < time.Second {
-		return
-	}
-	s.ownerCheck = time.Now()
-	owned, err := s.ownedByUs(ctx)
-	if err != nil {
-		s.log.Warn("cannot ask the group coordinator who owns partitions whose transaction was lost; retrying", zap.Error(err))
-		return
-	}
-	for _, p := range due {
-		if !owned[p] {
-			continue // moved (or moving) to another member: the revoke or lost callback clears it
+	for _, rt := range done {
+		rt.cancel()
+		switch {
+		case rt.err != nil:
+			if ctx.Err() == nil {
+				s.fail(fmt.Errorf("partition %d: reacquire after a lost transaction: %w", rt.p, rt.err))
+			}
+		case rt.taken:
+			s.cons.SetOffsets(map[string]map[int32]kgo.EpochOffset{s.cfg.InputTopic: {rt.p: {Epoch: -1, Offset: rt.next}}})
+			s.cons.ResumeFetchPartitions(map[string][]int32{s.cfg.InputTopic: {rt.p}})
 		}
-		s.log.Warn("exactly-once: the group still assigns us a partition whose transaction was lost; restoring it from its last commit",
-			zap.Int32("partition", p))
-		s.restoring.Add(1)
-		next, err := s.acquire(ctx, p, -1)
-		s.restoring.Add(-1)
-		if err == nil && next < 0 {
-			next, err = s.startOffset(ctx, p)
+		// Neither: the group moved the partition, whose revoke or lost
+		// callback clears it from txnLost; or ctx ended.
+	}
+	if len(done) > 0 {
+		s.gauges.assigned.Set(float64(s.numWorkers()))
+	}
+}
+
+// retake is one partition's takeover in place (reacquireLost), run by
+// Service.retake on a goroutine of its own. Its results are read once done is
+// closed.
+type retake struct {
+	p      int32
+	cancel context.CancelFunc
+	done   chan struct{}
+	// taken: the partition's worker runs, and fetching is to resume at next.
+	taken bool
+	next  int64
+	// err: the takeover failed for good (the service stops); nil when it was
+	// given up because the group moved the partition, or cancelled.
+	err error
+}
+
+// retake takes partition rt.p over again for reacquireLost. It asks the
+// group's coordinator first whether the partition is still ours, and gives up
+// if not; a takeover that fails for a reason that may pass (mayPass: a
+// transaction is most often lost to a broker restarting, and the broker is
+// often not back 5 s later) is tried again, asking the coordinator again
+// first, for up to takeoverRetry since its first failure, as acquireRetrying
+// does on assignment. It wakes the poll loop when it is done.
+func (s *Service) retake(ctx context.Context, rt *retake) {
+	defer func() {
+		close(rt.done)
+		s.mu.Lock()
+		if s.wakePoll != nil {
+			s.wakePoll()
 		}
-		if err != nil {
+		s.mu.Unlock()
+	}()
+	p := rt.p
+	var failingSince time.Time
+	backoff := time.Second
+	for {
+		owned, err := s.ownedByUs(ctx)
+		switch {
+		case err != nil:
+			s.log.Warn("cannot ask the group coordinator who owns a partition whose transaction was lost; retrying",
+				zap.Int32("partition", p), zap.Error(err))
+		case !owned[p]:
+			return // moved (or moving) to another member: the revoke or lost callback clears it
+		default:
+			s.log.Warn("exactly-once: the group still assigns us a partition whose transaction was lost; restoring it from its last commit",
+				zap.Int32("partition", p))
+			s.restoring.Add(1)
+			var next int64
+			next, err = s.acquire(ctx, p, -1)
+			s.restoring.Add(-1)
+			if err == nil {
+				if next < 0 {
+					// Nothing committed yet: fetch from the log start, which
+					// must be read now that the worker runs (acquire started
+					// it), so retry only the read.
+					next, err = s.startOffsetRetrying(ctx, p)
+				}
+				rt.taken, rt.next, rt.err = err == nil, next, err
+				return
+			}
 			if ctx.Err() != nil {
-				return // shutting down: the partition simply stays ours, unprocessed
+				return // revoked, lost or shutting down: the partition simply stays unprocessed here
 			}
-			first, failing := s.reacquireFailing[p]
-			if !failing {
-				first = time.Now()
+			if failingSince.IsZero() {
+				failingSince = time.Now()
 			}
-			if mayPass(err) && time.Since(first) < takeoverRetry {
-				s.reacquireFailing[p] = first
-				s.log.Warn("reacquiring a partition whose transaction was lost failed for a reason that may pass; retrying at the next owner check",
-					zap.Int32("partition", p), zap.Duration("failing_for", time.Since(first).Round(time.Millisecond)), zap.Error(err))
-				continue
+			if !mayPass(err) || time.Since(failingSince) >= takeoverRetry {
+				rt.err = err
+				return
 			}
-			s.fail(fmt.Errorf("partition %d: reacquire after a lost transaction: %w", p, err))
-			return
+			s.log.Warn("reacquiring a partition whose transaction was lost failed for a reason that may pass; retrying",
+				zap.Int32("partition", p), zap.Duration("failing_for", time.Since(failingSince).Round(time.Millisecond)), zap.Error(err))
 		}
-		delete(s.reacquireFailing, p)
-		s.cons.SetOffsets(map[string]map[int32]kgo.EpochOffset{s.cfg.InputTopic: {p: {Epoch: -1, Offset: next}}})
-		s.cons.ResumeFetchPartitions(map[string][]int32{s.cfg.InputTopic: {p}})
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
 	}
-	s.gauges.assigned.Set(float64(s.numWorkers()))
+}
+
+// startOffsetRetrying is startOffset, retried while it fails for a reason that
+// may pass, for up to takeoverRetry.
+func (s *Service) startOffsetRetrying(ctx context.Context, p int32) (int64, error) {
+	deadline := time.Now().Add(takeoverRetry)
+	for {
+		off, err := s.startOffset(ctx, p)
+		if err == nil || ctx.Err() != nil || !mayPass(err) || time.Now().After(deadline) {
+			return off, err
+		}
+		select {
+		case <-ctx.Done():
+			return off, ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // ownedByUs is the input partitions the group coordinator assigns to this
@@ -1369,6 +1441,24 @@ func (s *Service) waitSetUp(ctx context.Context) error {
 }
 
 func (s *Service) stopPartitions(parts []int32, commit bool) {
+	// A takeover in place of a partition being released ends first: it may
+	// start the partition's worker, which is then stopped below.
+	var rts []*retake
+	s.mu.Lock()
+	for _, p := range parts {
+		if rt := s.retakes[p]; rt != nil {
+			rts = append(rts, rt)
+			delete(s.retakes, p)
+		}
+	}
+	s.mu.Unlock()
+	for _, rt := range rts {
+		rt.cancel()
+		<-rt.done
+		if rt.taken { // its fetching, paused when the transaction was lost, was never resumed
+			s.cons.ResumeFetchPartitions(map[string][]int32{s.cfg.InputTopic: {rt.p}})
+		}
+	}
 	var ws []*worker
 	s.mu.Lock()
 	for _, p := range parts {
@@ -1396,9 +1486,14 @@ func (s *Service) stopPartitions(parts []int32, commit bool) {
 
 func (s *Service) stopAll(commit bool) {
 	s.mu.Lock()
-	parts := make([]int32, 0, len(s.workers))
+	parts := make([]int32, 0, len(s.workers)+len(s.retakes))
 	for p := range s.workers {
 		parts = append(parts, p)
+	}
+	for p := range s.retakes {
+		if s.workers[p] == nil {
+			parts = append(parts, p)
+		}
 	}
 	s.mu.Unlock()
 	s.stopPartitions(parts, commit)

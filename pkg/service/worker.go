@@ -384,8 +384,8 @@ func (w *worker) lost(err error) bool {
 // leaveLost drops the partition after lost: its open transaction is
 // abandoned (the deferred Close; the coordinator has aborted or will abort it)
 // and fetching it is paused. If the group has moved the partition, its revoke
-// or lost callback follows; if the group still gives it to us, the poll loop
-// restarts it from its last commit (Service.reacquireLost).
+// or lost callback follows; if the group still gives it to us, it is taken
+// over again from its last commit (Service.reacquireLost).
 func (w *worker) leaveLost(err error) {
 	w.released.Store(true)
 	if w.txn != nil {
