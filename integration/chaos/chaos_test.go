@@ -808,6 +808,22 @@ func (r *run) fault(p phase) {
 			n.Restart(r.t)
 		}
 		tl.logf("broker answers again")
+	case faultRolling:
+		first := p.Nodes.list()[0]
+		c := &kafkatest.PrivateCluster{Addr: r.addr, Nodes: r.nodes}
+		for k := range r.nodes {
+			i := (first + k) % len(r.nodes)
+			tl.logf("rolling restart: stop broker node %d", i+1)
+			r.nodes[i].Stop(r.t)
+			r.nodes[i].Restart(r.t)
+			// As an operator would: the next node only once no partition is
+			// under-replicated, or after a minute at most.
+			if err := c.WaitInSync(r.ctx, time.Minute); err != nil {
+				tl.logf("rolling restart: node %d back, but %v; going on", i+1, err)
+			} else {
+				tl.logf("rolling restart: node %d back and every replica in sync", i+1)
+			}
+		}
 	case faultNodeFreeze:
 		n := r.nodes[p.Nodes.list()[0]]
 		tl.logf("SIGSTOP broker node %s", nodeNames(p.Nodes))

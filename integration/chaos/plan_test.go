@@ -23,10 +23,11 @@ const (
 	faultBroker               // SIGKILL the broker (of a cluster: the Nodes) at At, restart it on its data Dur later
 	faultGraceful             // SIGTERM every running instance at At, start them again Dur later (a quiet phase: no new input)
 	faultNodeFreeze           // a cluster only: SIGSTOP the node in Nodes at At, SIGCONT Dur later (Dur > the brokers' session with the controller)
+	faultRolling              // a cluster only: from At, stop and restart every node in turn, Nodes first, each once the others are in sync
 )
 
 func (k faultKind) String() string {
-	return [...]string{"none", "sigkill", "sigstop", "scale-up", "scale-down", "broker-restart", "graceful-restart", "node-freeze"}[k]
+	return [...]string{"none", "sigkill", "sigstop", "scale-up", "scale-down", "broker-restart", "graceful-restart", "node-freeze", "rolling-restart"}[k]
 }
 
 // phase is one step of a schedule: a burst of input (Records > 0) or a quiet
@@ -74,6 +75,8 @@ func (p phase) String() string {
 		}
 	case faultNodeFreeze:
 		fmt.Fprintf(&b, "; at +%s SIGSTOP broker node %s, SIGCONT %s later", p.At, nodeNames(p.Nodes), p.Dur)
+	case faultRolling:
+		fmt.Fprintf(&b, "; at +%s a rolling restart of the brokers from node %s", p.At, nodeNames(p.Nodes))
 	case faultGraceful:
 		fmt.Fprintf(&b, "; at +%s SIGTERM every instance, start them again %s later", p.At, p.Dur)
 	default:
@@ -138,6 +141,9 @@ type planTimes struct {
 	// two at once (below min.insync.replicas, and no controller quorum with
 	// three), and every round also freezes one node past nodeSession, so
 	// that the controller fences it and moves its leadership while it sleeps.
+	// Every other round, the second first, also restarts the nodes one by
+	// one, cleanly, as an operator's rolling restart does (not in the first,
+	// which is often the only one: it takes the longest).
 	nodes       int
 	nodeSession time.Duration
 }
@@ -178,6 +184,9 @@ func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
 		rng.Shuffle(len(events), func(i, j int) { events[i], events[j] = events[j], events[i] })
 		if pt.nodes > 1 {
 			events = slices.Insert(events, crng.IntN(len(events)+1), faultNodeFreeze)
+			if round%2 == 1 {
+				events = slices.Insert(events, crng.IntN(len(events)+1), faultRolling)
+			}
 		}
 		up := slices.Index(events, faultScaleUp)
 		down := up + 1 + rng.IntN(len(events)-up)
@@ -232,6 +241,9 @@ func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
 				// wakes a stale leader with the rest of the burst going on.
 				p.At = time.Duration(crng.Int64N(int64(p.Length/2) + 1)).Round(time.Millisecond)
 				p.Dur = pt.nodeSession + time.Duration(1000+crng.IntN(4001))*time.Millisecond
+				p.Nodes = nodesOf(crng.IntN(pt.nodes))
+			case faultRolling:
+				p.At = time.Duration(crng.Int64N(int64(p.Length/2) + 1)).Round(time.Millisecond)
 				p.Nodes = nodesOf(crng.IntN(pt.nodes))
 			case faultGraceful:
 				p.At, p.Dur = ms(0, 500), ms(500, 2000)
@@ -369,16 +381,21 @@ func TestChaosSchedule(t *testing.T) {
 	}
 	// A cluster: every round freezes one node past its session with the
 	// controller, every broker restart kills one or two existing nodes (two in
-	// about a third of them). (Its draws come from a source of their own, so a
+	// about a third of them), every other round restarts them all in turn. (Its draws come from a source of their own, so a
 	// single broker's schedules are what they were before clusters.)
 	cp := pt
 	cp.nodes, cp.nodeSession = 3, 9*time.Second
 	restarts, doubles := 0, 0
 	for seed := uint64(1); seed <= 200; seed++ {
 		c := makeSchedule(seed, 3*time.Minute, cp)
-		freezes, brokers := 0, 0
+		freezes, brokers, rolling := 0, 0, 0
 		for i, p := range c.Phases {
 			switch p.Fault {
+			case faultRolling:
+				rolling++
+				if n := p.Nodes.list(); len(n) != 1 || n[0] >= cp.nodes {
+					t.Fatalf("seed %d phase %d: %s: want the node to begin with", seed, i, p)
+				}
 			case faultNodeFreeze:
 				freezes++
 				if n := p.Nodes.list(); len(n) != 1 || n[0] >= cp.nodes || p.Dur <= cp.nodeSession || p.At > p.Length/2 {
@@ -400,8 +417,8 @@ func TestChaosSchedule(t *testing.T) {
 				}
 			}
 		}
-		if freezes == 0 || freezes != brokers {
-			t.Fatalf("seed %d: %d node freezes and %d broker restarts, want one of each per round", seed, freezes, brokers)
+		if freezes == 0 || freezes != brokers || rolling != freezes/2 {
+			t.Fatalf("seed %d: %d node freezes, %d broker restarts and %d rolling restarts, want one of the first two per round and a rolling restart every other round", seed, freezes, brokers, rolling)
 		}
 	}
 	if doubles*5 < restarts || doubles*2 > restarts {

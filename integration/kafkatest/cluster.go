@@ -9,6 +9,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // PrivateCluster is a cluster of several brokers that one test owns, each a combined
@@ -70,6 +74,48 @@ func StartPrivateCluster(t testing.TB, n int) *PrivateCluster {
 		}
 	}
 	return c
+}
+
+// WaitInSync waits until every replica of every partition of the cluster is in its
+// partition's in-sync set again (no under-replicated partition), as an operator waits
+// between the nodes of a rolling restart, or until d has passed; it reports which.
+func (c *PrivateCluster) WaitInSync(ctx context.Context, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(Seeds(c.Addr)...))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	last := "no answer yet"
+	for {
+		md, err := adm.Metadata(ctx)
+		if err == nil {
+			last = ""
+			for _, td := range md.Topics.Sorted() {
+				for _, pd := range td.Partitions.Sorted() {
+					if pd.Err != nil || len(pd.ISR) < len(pd.Replicas) {
+						last = fmt.Sprintf("%s[%d] in sync %v of replicas %v (%v)", td.Topic, pd.Partition, pd.ISR, pd.Replicas, pd.Err)
+						break
+					}
+				}
+				if last != "" {
+					break
+				}
+			}
+			if last == "" {
+				return nil
+			}
+		} else {
+			last = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("replicas not in sync after %s: %s", d, last)
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
 
 // clusterID is a new Kafka cluster id: 16 random bytes, URL-safe base64 without padding,

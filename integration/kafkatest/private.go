@@ -160,6 +160,18 @@ func (b *PrivateBroker) Restart(t testing.TB) {
 	b.launch(t, ctx, "restart")
 }
 
+// Stop shuts the broker down cleanly (SIGTERM: a node of a cluster first hands its
+// partitions' leadership to the others), waiting for it to exit, as an operator's
+// rolling restart does; Restart starts it again.
+func (b *PrivateBroker) Stop(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := b.run(ctx, "stop"); err != nil {
+		t.Fatalf("kafkatest: stop broker %d: %v", b.pid, err)
+	}
+}
+
 // Thaw resumes a broker stopped by Freeze.
 func (b *PrivateBroker) Thaw(t testing.TB) {
 	t.Helper()

@@ -969,8 +969,7 @@ func (s *Service) reacquireLost(ctx context.Context) {
 			s.cons.SetOffsets(map[string]map[int32]kgo.EpochOffset{s.cfg.InputTopic: {rt.p: {Epoch: -1, Offset: rt.next}}})
 			s.cons.ResumeFetchPartitions(map[string][]int32{s.cfg.InputTopic: {rt.p}})
 		}
-		// Neither: the group moved the partition, whose revoke or lost
-		// callback clears it from txnLost; or ctx ended.
+		// Neither: ctx ended.
 	}
 	if len(done) > 0 {
 		s.gauges.assigned.Set(float64(s.numWorkers()))
@@ -988,13 +987,14 @@ type retake struct {
 	taken bool
 	next  int64
 	// err: the takeover failed for good (the service stops); nil when it was
-	// given up because the group moved the partition, or cancelled.
+	// cancelled.
 	err error
 }
 
 // retake takes partition rt.p over again for reacquireLost. It asks the
-// group's coordinator first whether the partition is still ours, and gives up
-// if not; a takeover that fails for a reason that may pass (mayPass: a
+// group's coordinator first whether the partition is still ours, and if not
+// asks again after the backoff, until the revoke or lost callback that a move
+// brings cancels it; a takeover that fails for a reason that may pass (mayPass: a
 // transaction is most often lost to a broker restarting, and the broker is
 // often not back 5 s later) is tried again, asking the coordinator again
 // first, for up to takeoverRetry since its first failure, as acquireRetrying
@@ -1018,7 +1018,11 @@ func (s *Service) retake(ctx context.Context, rt *retake) {
 			s.log.Warn("cannot ask the group coordinator who owns a partition whose transaction was lost; retrying",
 				zap.Int32("partition", p), zap.Error(err))
 		case !owned[p]:
-			return // moved (or moving) to another member: the revoke or lost callback clears it
+			// Moved or moving to another member (or the group is
+			// rebalancing): its revoke or lost callback cancels this; until
+			// then ask again.
+			s.log.Debug("the group does not assign us a partition whose transaction was lost (now); asking again",
+				zap.Int32("partition", p))
 		default:
 			s.log.Warn("exactly-once: the group still assigns us a partition whose transaction was lost; restoring it from its last commit",
 				zap.Int32("partition", p))
