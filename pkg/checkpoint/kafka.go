@@ -187,10 +187,16 @@ func (s *KafkaStore) ensureTopic(ctx context.Context, partitions int32) error {
 		"segment.ms":                kadm.StringPtr(strconv.Itoa(int((10 * time.Minute).Milliseconds()))),
 		"delete.retention.ms":       kadm.StringPtr(strconv.Itoa(int(time.Minute.Milliseconds()))),
 	}
-	resp, err := s.adm.CreateTopic(ctx, partitions, -1, configs, s.topic)
-	if err == nil {
-		err = resp.Err
-	}
+	// Through what a broker restarting answers (a refused dial, a connection
+	// closed at once, NOT_CONTROLLER): the store is opened as the service
+	// starts, which may be while a broker restarts, until ctx ends.
+	err := retry.Do(ctx, 2*time.Second, retry.Transient, func() error {
+		resp, err := s.adm.CreateTopic(ctx, partitions, -1, configs, s.topic)
+		if err == nil {
+			err = resp.Err
+		}
+		return err
+	})
 	if errors.Is(err, kerr.TopicAuthorizationFailed) {
 		// A principal without Create is refused a CreateTopics even of a
 		// topic that exists; an existing one needs no Create.

@@ -426,3 +426,32 @@ func TestKafkaStoreThroughPartitionErrorsInListings(t *testing.T) {
 		})
 	}
 }
+
+// TestNewKafkaStoreRidesOutABrokerRestart: the store is opened when the service
+// starts, and a broker restarting then (or a proxy in front of it whose backend
+// is down) closes connections as soon as a request arrives. Creating the
+// snapshot topic is retried through that, as every other request of the store
+// is; the service exited at start on the first one ("broker closed the
+// connection immediately ... is SASL missing?").
+func TestNewKafkaStoreRidesOutABrokerRestart(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	var drops atomic.Int32
+	c.ControlKey(int16(kmsg.CreateTopics), func(kmsg.Request) (kmsg.Response, error, bool) {
+		if drops.Add(1) > 3 {
+			return nil, nil, false
+		}
+		c.KeepControl()
+		return nil, errors.New("connection dropped by the test"), true
+	})
+	s := openFake(t, c.ListenAddrs(), 64)
+	if n := drops.Load(); n < 4 {
+		t.Fatalf("%d CreateTopics requests: the fault was not injected", n)
+	}
+	if err := s.Save(context.Background(), Key{Group: "g", Topic: "t", Partition: 0}, Snapshot{Next: 1, State: []byte("state")}); err != nil {
+		t.Fatalf("save after the topic was created: %v", err)
+	}
+}

@@ -605,3 +605,32 @@ func TestServiceExactlyOnceNamesTheIntervalWhenTheTimeoutIsRefused(t *testing.T)
 		t.Fatalf("Run = %v, want INVALID_TRANSACTION_TIMEOUT with the flag to change", err)
 	}
 }
+
+// TestServiceStartRidesOutABrokerRestart: an instance started while a broker
+// restarts (an orchestrator restarting both at once, a rolling restart) finds
+// its connections closed at once for a moment. It used to exit at start on the
+// first one ("reach brokers ... check --brokers and that the cluster is up");
+// now it waits for the brokers, within the same 30 s, and then runs as usual.
+func TestServiceStartRidesOutABrokerRestart(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, inTopic, outTopic, dlqTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	var dropped atomic.Int32
+	c.ControlKey(int16(kmsg.ApiVersions), dropConnection(c, 4, &dropped))
+	brokers := c.ListenAddrs()
+	st := streamtest.Generate(inTopic, 17, 600, 2)
+	produce(t, brokers, st.Records)
+	dropped.Store(0) // the test's own producer met the first drops
+	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
+	svc, _ := startService(t, cfg)
+	got := readOutputs(t, brokers, len(st.Records), 60*time.Second)
+	streamtest.Check(t, st, cfg.Specs, got, false)
+	if err := svc.Healthy(); err != nil {
+		t.Fatalf("stopped: %v", err)
+	}
+	if n := dropped.Load(); n < 4 {
+		t.Fatalf("%d connections dropped at the service's start, want 4: the fault was not injected", n)
+	}
+}

@@ -432,10 +432,16 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	s.cons, s.adm = cons, kadm.NewClient(cons)
 	// Verify the cluster answers before declaring readiness, so a wrong
-	// --brokers fails fast with a clear message instead of retrying forever.
-	pingCtx, pingCancel := context.WithTimeout(ctx, 30*time.Second)
-	err = s.cons.Ping(pingCtx)
+	// --brokers fails within startPing with a clear message instead of
+	// retrying forever; through what a broker restarting answers meanwhile
+	// (franz-go's Ping tries each broker once).
+	pingCtx, pingCancel := context.WithTimeout(ctx, startPing)
+	err = retry.Do(pingCtx, 2*time.Second, retry.Transient, func() error { return s.cons.Ping(pingCtx) })
 	pingCancel()
+	if err != nil && ctx.Err() != nil {
+		giveUp(err)
+		return nil // stopped while waiting for the brokers: nothing to checkpoint
+	}
 	if err != nil {
 		return giveUp(fmt.Errorf("reach brokers %v: %w (check --brokers and that the cluster is up)", s.cfg.Brokers, err))
 	}
@@ -470,6 +476,9 @@ func (s *Service) Run(ctx context.Context) error {
 	s.closeFenced(nil)
 	return s.Healthy()
 }
+
+// startPing bounds Run's wait for the brokers to answer at start.
+const startPing = 30 * time.Second
 
 func (s *Service) pollLoop(ctx context.Context) {
 	for ctx.Err() == nil {
