@@ -112,14 +112,15 @@ func randomSeeds(t *testing.T) []uint64 {
 func TestChaos(t *testing.T) {
 	env := readEnv(t)
 	// The single broker is shared by the variants that use one; a cluster is
-	// its variant's own.
-	single := kafkatest.StartPrivateBroker(t)
+	// its variant's own. Each has a network path per instance slot that a
+	// schedule can cut (faultNetCut).
+	single := kafkatest.StartPrivateCluster(t, 1, kafkatest.WithLinks(slots))
 	bin := buildBinary(t)
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
-			nodes := []*kafkatest.PrivateBroker{single}
+			c := single
 			if v.nodes > 1 {
-				nodes = kafkatest.StartPrivateCluster(t, v.nodes).Nodes
+				c = kafkatest.StartPrivateCluster(t, v.nodes, kafkatest.WithLinks(slots))
 			}
 			seeds := env.seeds
 			if seeds == nil {
@@ -127,7 +128,7 @@ func TestChaos(t *testing.T) {
 			}
 			for _, seed := range seeds {
 				t.Run(fmt.Sprintf("seed-%d", seed), func(t *testing.T) {
-					runChaos(t, nodes, bin, v, seed, env)
+					runChaos(t, c, bin, v, seed, env)
 				})
 			}
 		})
@@ -358,9 +359,11 @@ type group struct {
 // an exactly-once group with the same checkpoint store kind.
 type run struct {
 	t *testing.T
-	// addr is the bootstrap list; nodes the broker, or the cluster's nodes.
+	// addr is the bootstrap list; nodes the broker, or the cluster's nodes;
+	// links[i] the network path of instance slot i (its --brokers).
 	addr   string
 	nodes  []*kafkatest.PrivateBroker
+	links  []*kafkatest.Link
 	store  string
 	v      variant
 	out    outputSchema
@@ -381,7 +384,8 @@ type run struct {
 	stopPoll func()
 }
 
-func runChaos(t *testing.T, nodes []*kafkatest.PrivateBroker, bin string, v variant, seed uint64, env chaosEnv) {
+func runChaos(t *testing.T, c *kafkatest.PrivateCluster, bin string, v variant, seed uint64, env chaosEnv) {
+	nodes := c.Nodes
 	store := v.store
 	rks := v.rekeyedGroups(t)
 	sched := makeSchedule(seed, env.duration, planTimes{session: sessionTimeout, idle: idleTimeout, pauses: len(rks) == 0,
@@ -392,11 +396,7 @@ func runChaos(t *testing.T, nodes []*kafkatest.PrivateBroker, bin string, v vari
 	t.Logf("chaos: store %s, seed %d; reproduce with:\n  %s\n%s", store, seed, repro, sched)
 
 	dir, keep := logDir(t, env, v.name, seed)
-	var addrs []string
-	for _, n := range nodes {
-		addrs = append(addrs, n.Addr)
-	}
-	r := &run{t: t, addr: strings.Join(addrs, ","), nodes: nodes, store: store, v: v, out: v.output(t), sched: sched, env: env, dir: dir, faults: map[faultKind]int{}}
+	r := &run{t: t, addr: c.Addr, nodes: nodes, links: c.Links, store: store, v: v, out: v.output(t), sched: sched, env: env, dir: dir, faults: map[faultKind]int{}}
 	r.ctx = kafkatest.Context(t, sched.length()+10*time.Minute)
 	tl, err := newTimeline(dir, t.Logf)
 	if err != nil {
@@ -437,7 +437,7 @@ func runChaos(t *testing.T, nodes []*kafkatest.PrivateBroker, bin string, v vari
 				st = "file://" + sd
 			}
 			args := append([]string{
-				"--brokers", addr, "--group", g.name, "--input-topic", r.input,
+				"--brokers", r.links[i].Addr, "--group", g.name, "--input-topic", r.input,
 				"--output-topic", g.out, "--dlq-topic", g.dlq, "--checkpoint-store", st,
 				"--checkpoint-interval", checkpointInterval.String(), "--idle-timeout", idleTimeout.String(),
 				"--session-timeout", sessionTimeout.String(), "--metrics-addr", "", "--log-level", r.env.logLevel,
@@ -773,6 +773,12 @@ func (r *run) fault(p phase) {
 		r.each(p.Slot, func(in *instance) { tl.logf("SIGSTOP %s", in.name); in.signal(syscall.SIGSTOP) })
 		time.Sleep(p.Dur)
 		r.each(p.Slot, func(in *instance) { tl.logf("SIGCONT %s", in.name); in.signal(syscall.SIGCONT) })
+	case faultNetCut:
+		tl.logf("cut instance %d off from the brokers (its query API stays reachable)", p.Slot)
+		r.links[p.Slot].Cut()
+		time.Sleep(p.Dur)
+		tl.logf("heal instance %d's network path to the brokers", p.Slot)
+		r.links[p.Slot].Heal()
 	case faultScaleUp:
 		tl.logf("scale up: start instances 1 and 2")
 		for _, g := range r.groups {

@@ -24,10 +24,11 @@ const (
 	faultGraceful             // SIGTERM every running instance at At, start them again Dur later (a quiet phase: no new input)
 	faultNodeFreeze           // a cluster only: SIGSTOP the node in Nodes at At, SIGCONT Dur later (Dur > the brokers' session with the controller)
 	faultRolling              // a cluster only: from At, stop and restart every node in turn, Nodes first, each once the others are in sync
+	faultNetCut               // cut instance Slot's network path to the brokers at At, heal it Dur later (Dur > --session-timeout); its API stays reachable
 )
 
 func (k faultKind) String() string {
-	return [...]string{"none", "sigkill", "sigstop", "scale-up", "scale-down", "broker-restart", "graceful-restart", "node-freeze", "rolling-restart"}[k]
+	return [...]string{"none", "sigkill", "sigstop", "scale-up", "scale-down", "broker-restart", "graceful-restart", "node-freeze", "rolling-restart", "net-cut"}[k]
 }
 
 // phase is one step of a schedule: a burst of input (Records > 0) or a quiet
@@ -67,6 +68,8 @@ func (p phase) String() string {
 		fmt.Fprintf(&b, "; at +%s SIGKILL instance %d, start it again %s later", p.At, p.Slot, p.Dur)
 	case faultFreeze:
 		fmt.Fprintf(&b, "; at +%s SIGSTOP instance %d, SIGCONT %s later", p.At, p.Slot, p.Dur)
+	case faultNetCut:
+		fmt.Fprintf(&b, "; at +%s cut instance %d off from the brokers, heal it %s later", p.At, p.Slot, p.Dur)
 	case faultBroker:
 		if p.Nodes == 0 {
 			fmt.Fprintf(&b, "; at +%s SIGKILL the broker, restart it %s later", p.At, p.Dur)
@@ -150,10 +153,11 @@ type planTimes struct {
 
 // makeSchedule builds the schedule of seed: rounds until the planned length
 // reaches at least minLength (always one round at least). Each round holds, in
-// a seeded order, two SIGKILLs, a SIGSTOP past the session timeout, a broker
-// restart, a graceful restart of every instance with no input, and a scale-up
-// 1 → 3 followed later by a scale-down 3 → 1 (in the first round and every
-// other one after it the SIGSTOP falls between the two), each inside a burst
+// a seeded order, two SIGKILLs, a SIGSTOP past the session timeout, a network
+// cut of one instance past the session timeout, a broker restart, a graceful
+// restart of every instance with no input, and a scale-up 1 → 3 followed later
+// by a scale-down 3 → 1 (in the first round and every other one after it the
+// SIGSTOP and the cut fall between the two), each inside a burst
 // or a quiet period longer than the idle timeout, with plain bursts and quiet
 // periods between them. The schedule ends with one instance running.
 func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
@@ -164,6 +168,7 @@ func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
 	// So do a cluster's faults: with a single broker a seed's schedule is the
 	// one it always was.
 	crng := rand.New(rand.NewPCG(seed, 0x636c7573746572))
+	nrng := rand.New(rand.NewPCG(seed, 0x6e6574637574)) // the network cuts'
 	s := schedule{Seed: seed, InputSeed: rng.Uint64()}
 	ms := func(lo, hi int) time.Duration { return time.Duration(lo+rng.IntN(hi-lo+1)) * time.Millisecond }
 	burst := func() phase {
@@ -201,6 +206,15 @@ func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
 			up, down = slices.Index(events, faultScaleUp), slices.Index(events, faultScaleDown)
 			events = slices.Insert(events, up+1+rng.IntN(down-up), faultFreeze)
 		}
+		// A network cut of one instance: in the rounds that freeze one of
+		// three, also one of three (the others take its partitions over and
+		// commit past it while it is cut off, and its query API stays
+		// reachable: an old owner that does not know it yet), else anywhere.
+		if up, down := slices.Index(events, faultScaleUp), slices.Index(events, faultScaleDown); round%2 == 0 {
+			events = slices.Insert(events, up+1+nrng.IntN(down-up), faultNetCut)
+		} else {
+			events = slices.Insert(events, nrng.IntN(len(events)+1), faultNetCut)
+		}
 		for _, ev := range events {
 			if rng.IntN(3) == 0 {
 				if rng.IntN(3) == 0 {
@@ -219,6 +233,10 @@ func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
 			switch ev {
 			case faultKill:
 				p.At, p.Slot, p.Dur = ms(0, int(p.Length.Milliseconds())), pick(), ms(0, 1500)
+			case faultNetCut:
+				// As a freeze, but the instance runs on, cut off.
+				p.At = time.Duration(nrng.Int64N(int64(p.Length/2) + 1)).Round(time.Millisecond)
+				p.Slot, p.Dur = nrng.IntN(running), pt.session+time.Duration(1500+nrng.IntN(3501))*time.Millisecond
 			case faultFreeze:
 				// 1.5-5 s past the session timeout: the new owner needs a few
 				// seconds after the rebalance to commit past the frozen state.
@@ -303,14 +321,17 @@ func TestChaosSchedule(t *testing.T) {
 			t.Fatalf("seed %d: planned %s, want at least 3m", seed, a.length())
 		}
 		seen := map[faultKind]int{}
-		running, freezesOfThree := 1, 0
+		running, freezesOfThree, cutsOfThree := 1, 0, 0
 		for i, p := range a.Phases {
 			seen[p.Fault]++
 			if p.Fault == faultFreeze && running == 3 {
 				freezesOfThree++
 			}
+			if p.Fault == faultNetCut && running == 3 {
+				cutsOfThree++
+			}
 			switch p.Fault {
-			case faultKill, faultFreeze:
+			case faultKill, faultFreeze, faultNetCut:
 				if p.Slot >= running {
 					t.Fatalf("seed %d phase %d: %s of instance %d with %d running", seed, i, p.Fault, p.Slot, running)
 				}
@@ -328,8 +349,8 @@ func TestChaosSchedule(t *testing.T) {
 			if p.Nodes != 0 || p.Fault == faultNodeFreeze {
 				t.Fatalf("seed %d phase %d: %s on a single broker", seed, i, p)
 			}
-			if p.Fault == faultFreeze && p.Dur <= pt.session {
-				t.Fatalf("seed %d phase %d: freeze of %s within the session timeout", seed, i, p.Dur)
+			if (p.Fault == faultFreeze || p.Fault == faultNetCut) && p.Dur <= pt.session {
+				t.Fatalf("seed %d phase %d: %s of %s within the session timeout", seed, i, p.Fault, p.Dur)
 			}
 			if p.Records == 0 && p.Length <= pt.idle {
 				t.Fatalf("seed %d phase %d: quiet for %s, not past the idle timeout", seed, i, p.Length)
@@ -341,10 +362,13 @@ func TestChaosSchedule(t *testing.T) {
 		if running != 1 {
 			t.Fatalf("seed %d: ends with %d instances", seed, running)
 		}
+		if rounds := seen[faultNetCut]; rounds != seen[faultFreeze] || cutsOfThree < (rounds+1)/2 {
+			t.Fatalf("seed %d: %d network cuts, %d of them with three instances running, over %d rounds", seed, rounds, cutsOfThree, seen[faultFreeze])
+		}
 		if rounds := seen[faultFreeze]; freezesOfThree < (rounds+1)/2 {
 			t.Fatalf("seed %d: %d of %d freezes with three instances running, want at least %d", seed, freezesOfThree, rounds, (rounds+1)/2)
 		}
-		for _, k := range []faultKind{faultKill, faultFreeze, faultScaleUp, faultScaleDown, faultBroker, faultGraceful} {
+		for _, k := range []faultKind{faultKill, faultFreeze, faultScaleUp, faultScaleDown, faultBroker, faultGraceful, faultNetCut} {
 			if seen[k] == 0 {
 				t.Fatalf("seed %d: no %s", seed, k)
 			}

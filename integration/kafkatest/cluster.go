@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,17 +26,53 @@ import (
 type PrivateCluster struct {
 	Addr  string           // every node's address, comma-separated (bootstrap list)
 	Nodes []*PrivateBroker // node i has node.id i+1
+	Links []*Link          // WithLinks: paths to every node that the test can cut
 }
 
+// A ClusterOption configures StartPrivateCluster.
+type ClusterOption func(*clusterOptions)
+
+type clusterOptions struct{ links int }
+
+// WithLinks gives the cluster k Links: network paths of their own to every node, for
+// clients whose connection to the cluster a test cuts and heals (Link).
+func WithLinks(k int) ClusterOption { return func(o *clusterOptions) { o.links = k } }
+
 // StartPrivateCluster starts a cluster of n nodes (n ≥ 1) for t alone and stops it when
-// t ends. It needs what StartPrivateBroker needs.
-func StartPrivateCluster(t testing.TB, n int) *PrivateCluster {
+// t ends. It needs what StartPrivateBroker needs. A cluster of one node is a single
+// broker like StartPrivateBroker's (replication factor 1).
+func StartPrivateCluster(t testing.TB, n int, opts ...ClusterOption) *PrivateCluster {
 	t.Helper()
 	if n < 1 {
 		t.Fatalf("kafkatest: a cluster of %d nodes", n)
 	}
+	var o clusterOptions
+	for _, f := range opts {
+		f(&o)
+	}
 	script := privateScript(t)
-	ports := FreePorts(t, 2*n)
+	ports := FreePorts(t, (2+o.links)*n)
+	linkPort := func(node, link int) int { return ports[2*n+node*o.links+link] }
+	// proxies[node][link] forwards to node's listener of link.
+	proxies := make([][]*proxy, n)
+	c := &PrivateCluster{}
+	for j := range o.links {
+		l := &Link{}
+		var addrs []string
+		for i := range n {
+			p, err := listenProxy()
+			if err != nil {
+				t.Fatalf("kafkatest: link proxy: %v", err)
+			}
+			t.Cleanup(p.close)
+			p.serve("127.0.0.1:" + strconv.Itoa(linkPort(i, j)))
+			proxies[i] = append(proxies[i], p)
+			l.proxies = append(l.proxies, p)
+			addrs = append(addrs, p.addr())
+		}
+		l.Addr = strings.Join(addrs, ",")
+		c.Links = append(c.Links, l)
+	}
 	id := clusterID()
 	var voters []string
 	for i := range n {
@@ -45,11 +83,32 @@ func StartPrivateCluster(t testing.TB, n int) *PrivateCluster {
 		"KAFKA_QUORUM_VOTERS=" + strings.Join(voters, ","),
 		"KAFKA_REPLICATION=" + strconv.Itoa(min(n, 3)),
 	}
-	c := &PrivateCluster{}
 	var addrs []string
 	for i := range n {
-		b := newPrivateBroker(t, script, ports[2*i], ports[2*i+1], func(string) []string {
-			return append(env, "KAFKA_NODE_ID="+strconv.Itoa(i+1))
+		b := newPrivateBroker(t, script, ports[2*i], ports[2*i+1], func(state string) []string {
+			env := append(env, "KAFKA_NODE_ID="+strconv.Itoa(i+1))
+			if o.links == 0 {
+				return env
+			}
+			// Later keys win in a properties file: these replace the script's
+			// listeners with its own two and one per link, advertised at the
+			// link's proxy.
+			listeners := []string{fmt.Sprintf("PLAINTEXT://127.0.0.1:%d", ports[2*i]), fmt.Sprintf("CONTROLLER://127.0.0.1:%d", ports[2*i+1])}
+			advertised := []string{fmt.Sprintf("PLAINTEXT://127.0.0.1:%d", ports[2*i])}
+			protocols := []string{"PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"}
+			for j := range o.links {
+				name := fmt.Sprintf("LINK%d", j)
+				listeners = append(listeners, fmt.Sprintf("%s://127.0.0.1:%d", name, linkPort(i, j)))
+				advertised = append(advertised, name+"://"+proxies[i][j].addr())
+				protocols = append(protocols, name+":PLAINTEXT")
+			}
+			props := filepath.Join(state, "links.properties")
+			conf := "listeners=" + strings.Join(listeners, ",") + "\nadvertised.listeners=" + strings.Join(advertised, ",") +
+				"\nlistener.security.protocol.map=" + strings.Join(protocols, ",") + "\n"
+			if err := os.WriteFile(props, []byte(conf), 0o644); err != nil {
+				t.Fatalf("kafkatest: %v", err)
+			}
+			return append(env, "KAFKA_EXTRA_PROPERTIES="+props)
 		})
 		c.Nodes = append(c.Nodes, b)
 		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(ports[2*i]))

@@ -1,0 +1,100 @@
+package kafkatest
+
+import (
+	"bufio"
+	"net"
+	"testing"
+	"time"
+)
+
+// TestLinkCutsAndHeals: a link's proxy forwards both ways; while cut, nothing
+// crosses it, neither on a connection made before nor on one made during the
+// cut; once healed, both carry what was held and new data again.
+func TestLinkCutsAndHeals(t *testing.T) {
+	echo, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer echo.Close()
+	go func() {
+		for {
+			c, err := echo.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					if _, err := c.Write([]byte(line)); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	p, err := listenProxy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	p.serve(echo.Addr().String())
+	l := &Link{Addr: p.addr(), proxies: []*proxy{p}}
+
+	dial := func() (net.Conn, *bufio.Reader) {
+		c, err := net.Dial("tcp", l.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c, bufio.NewReader(c)
+	}
+	// roundTrip sends line and reports whether its echo came back within d.
+	roundTrip := func(c net.Conn, r *bufio.Reader, line string, d time.Duration) bool {
+		if _, err := c.Write([]byte(line + "\n")); err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(d))
+		got, err := r.ReadString('\n')
+		if err != nil {
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				return false
+			}
+			t.Fatalf("read: %v", err)
+		}
+		if got != line+"\n" {
+			t.Fatalf("echo %q, want %q", got, line)
+		}
+		return true
+	}
+	// expect reads the echo of a line sent earlier.
+	expect := func(c net.Conn, r *bufio.Reader, line string) {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if got, err := r.ReadString('\n'); err != nil || got != line+"\n" {
+			t.Fatalf("after the heal: %q, %v; want %q", got, err, line)
+		}
+	}
+
+	before, rb := dial()
+	if !roundTrip(before, rb, "open", 5*time.Second) {
+		t.Fatal("no echo through an open link")
+	}
+	l.Cut()
+	if roundTrip(before, rb, "held", 300*time.Millisecond) {
+		t.Fatal("an echo crossed a cut link on a connection made before the cut")
+	}
+	during, rd := dial()
+	if roundTrip(during, rd, "new", 300*time.Millisecond) {
+		t.Fatal("an echo crossed a cut link on a connection made during the cut")
+	}
+	l.Heal()
+	expect(before, rb, "held")
+	expect(during, rd, "new")
+	if !roundTrip(before, rb, "again", 5*time.Second) {
+		t.Fatal("no echo after the heal")
+	}
+}
