@@ -617,12 +617,11 @@ func TestServiceStartRidesOutABrokerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	var dropped atomic.Int32
-	c.ControlKey(int16(kmsg.ApiVersions), dropConnection(c, 4, &dropped))
 	brokers := c.ListenAddrs()
 	st := streamtest.Generate(inTopic, 17, 600, 2)
 	produce(t, brokers, st.Records)
-	dropped.Store(0) // the test's own producer met the first drops
+	var dropped atomic.Int32
+	c.ControlKey(int16(kmsg.ApiVersions), dropConnection(c, 4, &dropped))
 	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
 	svc, _ := startService(t, cfg)
 	got := readOutputs(t, brokers, len(st.Records), 60*time.Second)
