@@ -159,6 +159,11 @@ func NewKafkaStore(ctx context.Context, cfg KafkaConfig) (*KafkaStore, error) {
 		// with UNKNOWN_TOPIC_OR_PARTITION for a while (seconds on a loaded
 		// machine); the client's default fails them after four such answers.
 		kgo.UnknownTopicRetries(-1),
+		// franz-go takes a connection closed at its first request for a
+		// missing SASL or TLS setting and does not retry it; a broker
+		// restarting does the same, and a save failed on it stops the
+		// service. The service checks its configuration at start.
+		kgo.AlwaysRetryEOF(),
 	}, cfg.ClientOpts...)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
@@ -166,7 +171,7 @@ func NewKafkaStore(ctx context.Context, cfg KafkaConfig) (*KafkaStore, error) {
 	}
 	s := &KafkaStore{
 		cl: cl, adm: kadm.NewClient(cl), topic: cfg.Topic, chunkSize: chunk, tailStates: make(map[string]*manifestState),
-		readOpts: append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...)}, cfg.ClientOpts...),
+		readOpts: append([]kgo.Opt{kgo.SeedBrokers(cfg.Brokers...), kgo.AlwaysRetryEOF()}, cfg.ClientOpts...),
 	}
 	if err := s.ensureTopic(ctx, cfg.Partitions); err != nil {
 		cl.Close()

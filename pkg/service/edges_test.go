@@ -633,3 +633,34 @@ func TestServiceStartRidesOutABrokerRestart(t *testing.T) {
 		t.Fatalf("%d connections dropped at the service's start, want 4: the fault was not injected", n)
 	}
 }
+
+// TestServiceRidesOutAProducerIDRequestCutOff: a broker restarting (or a proxy in
+// front of it whose backend went away) closes a new connection as soon as its
+// first request arrives. franz-go takes that for a missing SASL or TLS setting and
+// does not retry it, so the idempotent producer's first InitProducerID failed every
+// buffered output with "unable to initialize a producer ID" and the service
+// stopped (the fault checker's network paths, kafka seed 432698159). The service
+// has checked its configuration at start (the ping), so its clients retry such
+// an EOF like any other.
+func TestServiceRidesOutAProducerIDRequestCutOff(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, inTopic, outTopic, dlqTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	brokers := c.ListenAddrs()
+	st := streamtest.Generate(inTopic, 19, 600, 2)
+	produce(t, brokers, st.Records)
+	var dropped atomic.Int32
+	c.ControlKey(int16(kmsg.InitProducerID), dropConnection(c, 2, &dropped))
+	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
+	svc, _ := startService(t, cfg)
+	got := readOutputs(t, brokers, len(st.Records), 30*time.Second)
+	if err := svc.Healthy(); err != nil {
+		t.Fatalf("stopped: %v", err)
+	}
+	streamtest.Check(t, st, cfg.Specs, got, false)
+	if n := dropped.Load(); n < 3 {
+		t.Fatalf("%d InitProducerID requests, want 3: the fault was not injected", n)
+	}
+}

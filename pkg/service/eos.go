@@ -88,7 +88,7 @@ func (s *Service) newTxnProducer(ctx context.Context, p int32) (*kgo.Client, err
 		kgo.TransactionalID(s.transactionalID(p)),
 		kgo.TransactionTimeout(timeout),
 	)
-	opts = append(opts, s.cfg.ClientOpts...)
+	opts = append(opts, s.clientOpts()...)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("partition %d: transactional producer: %w", p, err)

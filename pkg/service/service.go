@@ -380,7 +380,7 @@ func (s *Service) Run(ctx context.Context) error {
 	defer cancel()
 
 	var err error
-	popts := append(append([]kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...)}, sink.ProducerOpts()...), s.cfg.ClientOpts...)
+	popts := append(append([]kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...)}, sink.ProducerOpts()...), s.clientOpts()...)
 	producers := s.cfg.Producers
 	if s.cfg.ExactlyOnce {
 		producers = 1 // partitions publish through their own transactional clients
@@ -410,7 +410,7 @@ func (s *Service) Run(ctx context.Context) error {
 		kgo.FetchMaxBytes(32 << 20),
 		kgo.FetchMinBytes(s.cfg.FetchMinBytes),
 		kgo.FetchMaxWait(s.cfg.FetchMaxWait),
-	}, s.cfg.ClientOpts...)
+	}, s.clientOpts()...)
 	if st := s.cfg.SessionTimeout; st > 0 {
 		copts = append(copts, kgo.SessionTimeout(st), kgo.HeartbeatInterval(heartbeatInterval(st)))
 	}
@@ -475,6 +475,20 @@ func (s *Service) Run(ctx context.Context) error {
 	s.cons.Close()
 	s.closeFenced(nil)
 	return s.Healthy()
+}
+
+// clientOpts are the options of every client the service opens, after its
+// own: the connection's (TLS, SASL: Config.ClientOpts), and AlwaysRetryEOF.
+// franz-go takes a connection closed at its first request for a missing SASL
+// or TLS setting and fails the request without retrying it; a broker
+// restarting, or a proxy in front of one whose backend is down, does the
+// same, and it failed every buffered output of the idempotent producer
+// ("unable to initialize a producer ID"), which stops the service. The
+// configuration is checked at start by Run's ping, which tries each broker
+// once per attempt and reports the error with franz-go's hint; from then on
+// such an EOF is retried like any other.
+func (s *Service) clientOpts() []kgo.Opt {
+	return append(slices.Clone(s.cfg.ClientOpts), kgo.AlwaysRetryEOF())
 }
 
 // startPing bounds Run's wait for the brokers to answer at start.

@@ -174,7 +174,7 @@ func (s *Service) readRange(ctx context.Context, p int32, from, to int64, fn fun
 		kgo.KeepControlRecords(),
 		kgo.FetchMaxBytes(32 << 20),
 		kgo.FetchMaxWait(200 * time.Millisecond),
-	}, s.cfg.ClientOpts...)...)
+	}, s.clientOpts()...)...)
 	if err != nil {
 		return err
 	}
