@@ -525,7 +525,7 @@ func runChaos(t *testing.T, c *kafkatest.PrivateCluster, bin string, v variant, 
 	if err != nil {
 		t.Fatalf("read the input back: %v", err)
 	}
-	vin := verdictInput{inputTopic: r.input, ends: ends, replay: replay, gen: gen}
+	vin := verdictInput{inputTopic: r.input, ends: ends, replay: replay, gen: gen, txs: r.prod.gen.txs}
 	if r.v.features != "" {
 		vin.codec = r.out.codec
 	}

@@ -388,3 +388,47 @@ func apiChecksFire(t *testing.T) {
 		}
 	}
 }
+
+// TestFailureHistory: a difference from replay comes with its entity's accepted
+// events in the minute before it, each with its outputs (where, late, first
+// window's count), and nothing of other entities, dead letters or later events.
+func TestFailureHistory(t *testing.T) {
+	feat := func(count, src int64, at string) output {
+		native := map[string]any{
+			"event_id": "x", "entity_id": "card-1", "event_time": int64(0),
+			"windows": []any{map[string]any{"window": "1m", "window_ms": int64(60_000), "bucket_ms": int64(1000),
+				"count": count, "sum_minor": count, "min_minor": int64(1), "max_minor": int64(1)}},
+			"ms_since_previous": nil, "late": false,
+			"source_topic": "in", "source_partition": int32(0), "source_offset": src,
+		}
+		b, err := featuresCodec.BinaryFromNative(nil, native)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return output{key: []byte("card-1"), value: b, srcTopic: "in", at: at}
+	}
+	const t0 = 1_795_000_000_000
+	in := verdictInput{inputTopic: "in", ends: map[int32]int64{0: 5},
+		gen: map[srcKey]string{{0, 0}: "valid e0", {0, 1}: "valid e1", {0, 2}: "late e2", {0, 3}: "valid e3", {0, 4}: "valid e4"},
+		txs: map[string]genTx{"e0": {entity: "card-1", time: t0 - 90_000}, "e1": {entity: "card-1", time: t0 - 30_000},
+			"e2": {entity: "card-1", time: t0 - 40_000}, "e3": {entity: "card-2", time: t0 - 10_000}, "e4": {entity: "card-1", time: t0}},
+		replay: map[srcKey][]output{{0, 0}: {feat(1, 0, "r@0")}, {0, 1}: {feat(1, 1, "r@1")}, {0, 2}: {{dead: true, at: "rd@2"}},
+			{0, 3}: {feat(1, 3, "r@3")}, {0, 4}: {feat(2, 4, "r@4")}},
+	}
+	outs := map[srcKey][]output{{0, 1}: {feat(1, 1, "o@1 (producer 7)")}, {0, 4}: {feat(2, 4, "o@4a"), feat(1, 4, "o@4b (producer 9)")}}
+	h := history(srcKey{0, 4}, in, outs)
+	for _, want := range []string{`entity "card-1" at input 0/4`, `0/1 "valid e1", event time -30000 ms: replay r@1 late=false count[0]=1`,
+		"o@1 (producer 7) late=false count[0]=1", `0/4 "valid e4", event time +0 ms`, "o@4b (producer 9) late=false count[0]=1"} {
+		if !strings.Contains(h, want) {
+			t.Errorf("history lacks %q:\n%s", want, h)
+		}
+	}
+	for _, not := range []string{"0/0", "0/2", "0/3"} {
+		if strings.Contains(h, not+" ") {
+			t.Errorf("history names %s (older than a minute, a dead letter, another entity):\n%s", not, h)
+		}
+	}
+	if h := history(srcKey{0, 4}, verdictInput{gen: in.gen, replay: in.replay}, outs); h != "" {
+		t.Errorf("history without the generator's transactions: %q", h)
+	}
+}

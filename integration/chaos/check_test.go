@@ -42,6 +42,9 @@ type verdictInput struct {
 	// replay's and from each other because the idle rule released its
 	// partition early in the live run (idle_test.go); absent: not at all.
 	excused map[srcKey]excuse
+	// txs are the generator's transactions by id (for a failure's history;
+	// nil: none given).
+	txs map[string]genTx
 }
 
 // offsetSet collects input offsets per partition for a message.
@@ -209,10 +212,66 @@ func check(cp checkpoint, in verdictInput) []string {
 			}
 		}
 		if n := differ.count(); n > 0 {
-			fails = append(fails, fmt.Sprintf("%s: %d input offsets have outputs that differ from replay's; e.g. %s:%s", cp.label, n, example, differ.describe(in.gen)))
+			fails = append(fails, fmt.Sprintf("%s: %d input offsets have outputs that differ from replay's; e.g. %s:%s%s", cp.label, n, example, differ.describe(in.gen), history(exKey, in, cp.outs)))
 		}
 	}
 	return fails
+}
+
+// history is, for the reader of a failure at input k, its entity's accepted
+// events on k's partition in the minute of event time up to k's (the default
+// contract's shortest window), at most the last 20, each with its outputs:
+// where and when they were produced, late, and the first window's count.
+func history(k srcKey, in verdictInput, outs map[srcKey][]output) string {
+	if in.txs == nil {
+		return ""
+	}
+	tx, ok := in.txs[genID(in.gen[k])]
+	if !ok {
+		return ""
+	}
+	var keys []srcKey
+	for off := range k.offset + 1 {
+		o := srcKey{k.part, off}
+		rs := in.replay[o]
+		if len(rs) != 1 || rs[0].dead {
+			continue
+		}
+		if e, ok := in.txs[genID(in.gen[o])]; ok && e.entity == tx.entity && e.time >= tx.time-60_000 && e.time <= tx.time {
+			keys = append(keys, o)
+		}
+	}
+	keys = keys[max(0, len(keys)-20):]
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n    entity %q at input %d/%d (event time %d): its accepted events in the minute before, and their outputs:", tx.entity, k.part, k.offset, tx.time)
+	for _, o := range keys {
+		e := in.txs[genID(in.gen[o])]
+		fmt.Fprintf(&b, "\n      %d/%d %q, event time %+d ms: replay %s", o.part, o.offset, in.gen[o], e.time-tx.time, outputSummary(in.replay[o][0], in.codec))
+		for _, x := range outs[o] {
+			fmt.Fprintf(&b, "\n        %s", outputSummary(x, in.codec))
+		}
+	}
+	return b.String()
+}
+
+// outputSummary is where an output was produced and, for one of our features
+// records, its late flag and first window's count.
+func outputSummary(o output, c *goavro.Codec) string {
+	if o.dead || c != nil {
+		return o.at
+	}
+	native, _, err := featuresCodec.NativeFromBinary(o.value)
+	if err != nil {
+		return o.at
+	}
+	m := native.(map[string]any)
+	count := any("?")
+	if ws, _ := m["windows"].([]any); len(ws) > 0 {
+		if w0, ok := ws[0].(map[string]any); ok {
+			count = w0["count"]
+		}
+	}
+	return fmt.Sprintf("%s late=%v count[0]=%v", o.at, m["late"], count)
 }
 
 // checkReplay: the replay itself must account for every input offset exactly

@@ -28,6 +28,7 @@ const (
 	hdrSrcOffset  = "velocity.source.offset"
 	hdrDefinition = "velocity.definition"
 	hdrGroup      = "velocity.group"
+	hdrEmittedAt  = "velocity.emitted_at"
 )
 
 var featuresCodec = func() *goavro.Codec {
@@ -167,11 +168,27 @@ func (c *collector) loop(ctx context.Context) {
 	}
 }
 
+// emittedAt says when a features record was produced (its velocity.emitted_at
+// header, a UTC time of day); a dead letter has no such header.
+func emittedAt(r *kgo.Record) string {
+	for _, x := range r.Headers {
+		if x.Key == hdrEmittedAt {
+			if ms, err := strconv.ParseInt(string(x.Value), 10, 64); err == nil {
+				return "emitted " + time.UnixMilli(ms).UTC().Format("15:04:05.000")
+			}
+		}
+	}
+	return "no emission time"
+}
+
 // classify reads the source position an output names: the lineage fields of
 // a features value (decoded with the published schema), the
 // velocity.source.* headers of a dead letter.
 func (os outputSchema) classify(r *kgo.Record, dead bool) (srcKey, output, error) {
-	at := fmt.Sprintf("%s/%d@%d", r.Topic, r.Partition, r.Offset)
+	// The producer id tells the processes (and their restarts) apart, the
+	// emission time finds the moment in their logs: for the reader of a
+	// failure.
+	at := fmt.Sprintf("%s/%d@%d (producer %d, %s)", r.Topic, r.Partition, r.Offset, r.ProducerID, emittedAt(r))
 	o := output{dead: dead, key: r.Key, keyNull: r.Key == nil, value: r.Value, valueNull: r.Value == nil, at: at, outOffset: r.Offset}
 	if os.definition != "" {
 		var def string

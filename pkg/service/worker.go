@@ -269,6 +269,10 @@ func (w *worker) run() {
 				}
 				if pending > 0 && w.proc.Pending() == 0 {
 					w.idleFlushAt = w.proc.Next() // Tick releases only everything, on idle
+					// The one place the wall clock decides an order (docs/contract.md,
+					// the idle rule): for the reader of a difference from replay.
+					w.s.log.Debug("idle rule: released the reorder buffer", zap.Int32("partition", w.part),
+						zap.Int("events", pending), zap.Int64("next", w.proc.Next()), zap.Int64("last_fetch_hwm", w.hwm))
 				}
 				// A re-keyed group's first stage: its watermark to the second
 				// stages, and the idle verdict.
