@@ -1,15 +1,22 @@
 package service
 
 import (
+	"context"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap/zaptest"
 
+	"github.com/velocity-consumer/velocity-consumer/internal/streamtest"
 	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+	"github.com/velocity-consumer/velocity-consumer/pkg/metrics"
 	"github.com/velocity-consumer/velocity-consumer/pkg/watermark"
 )
 
@@ -90,5 +97,80 @@ func TestIdleRuleWaitsForRecordsNotYetFetched(t *testing.T) {
 	// (offset 0) with both in its 10 s window.
 	if want := map[int64]int64{0: 2, 1: 1}; counts[0] != want[0] || counts[1] != want[1] {
 		t.Errorf("10s counts by input offset %v, want %v (as replay counts them)", counts, want)
+	}
+}
+
+// TestIdleRuleWaitsForTheRestOfAPartialPoll: a poll hands a partition fewer
+// records than its fetch brought (it takes at most maxPollRecords), and the
+// batch's high watermark is the fetch's, past them. The partition then looked
+// caught up to the broker's last stable offset while the rest waited in the
+// client for the next poll; a poll loop held up for longer than --idle-timeout
+// (a slow rebalance callback, a stalled process) let the idle rule release the
+// reorder buffer before the older event among the rest was read, which was
+// then counted after newer ones. The verdict now takes a batch's high
+// watermark only when its records reach it, and never while the client holds
+// fetched records not yet polled.
+func TestIdleRuleWaitsForTheRestOfAPartialPoll(t *testing.T) {
+	brokers := newCluster(t, 1)
+	const base, n = int64(1_795_000_000_000), maxPollRecords + 500
+	const older = maxPollRecords + 300 // after the first poll's records
+	var recs []*kgo.Record
+	for i := range n {
+		et := base + int64(i)
+		if i == older {
+			et = base + maxPollRecords - 200 // within the lateness of the newest event polled first
+		}
+		recs = append(recs, &kgo.Record{Topic: inTopic, Partition: 0, Key: []byte("card-1"), Timestamp: time.UnixMilli(et),
+			Value: codec.EncodeTransaction(&codec.Transaction{EventID: fmt.Sprint("e", i), EntityID: "card-1", AmountMinor: 100, Currency: "EUR", EventTime: et})})
+	}
+	produce(t, brokers, recs)
+
+	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
+	cfg.Watermark = watermark.Config{AllowedLateness: 5000, IdleTimeout: 200 * time.Millisecond}
+	svc, err := New(cfg, zaptest.NewLogger(t), metrics.New(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The loop's second poll, which would take the rest at once, waits for
+	// ten idle timeouts.
+	var polls atomic.Int32
+	svc.beforePoll = func() {
+		if polls.Add(1) == 2 {
+			time.Sleep(10 * cfg.Watermark.IdleTimeout)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+
+	got := readOutputs(t, brokers, n, 60*time.Second)
+	// In (event time, offset) order the older event comes after offset
+	// maxPollRecords-201 and before maxPollRecords-200: its count is its
+	// position in that order, and every event after it counts it.
+	for _, off := range []int64{older, maxPollRecords - 1, maxPollRecords + 200} {
+		outs := got[streamtest.Source{Partition: 0, Offset: off}]
+		if len(outs) != 1 || outs[0].Dead {
+			t.Fatalf("input %d: outputs %+v, want one features record", off, outs)
+		}
+		f, err := codec.DecodeFeatures(outs[0].Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want int64
+		switch off {
+		case older:
+			want = maxPollRecords - 200 + 2 // the events up to its time (offsets 0 to maxPollRecords-200), and itself
+		default:
+			want = off + 2 // every event before it (all in its 10 s window), the older event and itself
+		}
+		if f.Windows[0].Count != want {
+			t.Errorf("input %d: 10s count %d, want %d (as replay counts it)", off, f.Windows[0].Count, want)
+		}
 	}
 }

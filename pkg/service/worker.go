@@ -474,7 +474,16 @@ func (w *worker) process(b batch) {
 	w.dirty = w.dirty || len(records) > 0
 	w.recordsIn.Add(float64(len(records)))
 	if b.hwm >= 0 {
-		w.hwm = b.hwm
+		// A batch says the partition is caught up to its high watermark only
+		// when its records reach it (idleVerdict): a poll takes at most
+		// maxPollRecords and a fetch at most its byte limits, so the rest of
+		// what lies below the high watermark may still wait in the client or
+		// for the next fetch. (Below it a transactional input's last records
+		// are markers, which no batch reaches: idleVerdict's other rule.)
+		w.hwm = -1
+		if n := len(b.records); n > 0 && b.records[n-1].Offset+1 >= b.hwm {
+			w.hwm = b.hwm
+		}
 		w.s.m.ConsumerLag.WithLabelValues(w.label).Set(float64(max(b.hwm-w.proc.Next(), 0)))
 	}
 	w.updatePressure()
@@ -494,10 +503,10 @@ func (w *worker) process(b batch) {
 // its second stages so. The idle rule (no record for --idle-timeout) must hold, nothing may wait to be processed (a batch handed over, records held
 // for the registry, fetching paused), and the broker must confirm that the
 // partition holds nothing this partition has not read: its last stable offset is
-// no further than the high watermark of the last fetch whose records were all
-// processed, or, before any fetch brought a record, the same at two checks an
-// idle timeout apart (so what lies between the committed offset and it yields no
-// record: transaction markers, aborted records). A frozen process that wakes up,
+// no further than the high watermark of the last batch whose records reached it,
+// or the next offset to process, or else the same at two checks an idle timeout
+// apart with no fetched record waiting in the client (so what lies between the
+// last record and it yields no record: transaction markers, aborted records). A frozen process that wakes up,
 // or a fetch slowed down, then never declares a partition idle while records wait
 // for it. The check runs on a goroutine of its own: a slow broker delays the
 // verdict, not the partition.
@@ -523,9 +532,11 @@ func (w *worker) idleVerdict() bool {
 			return true
 		case w.quietEnd != end:
 			w.quietEnd, w.quietEndAt = end, time.Now()
-		case time.Since(w.quietEndAt) >= w.s.cfg.Watermark.IdleTimeout:
+		case time.Since(w.quietEndAt) >= w.s.cfg.Watermark.IdleTimeout && w.s.cons.BufferedFetchRecords() == 0:
 			// No fetch brought a record from the offsets below end for another
-			// idle timeout: transaction markers or aborted records only.
+			// idle timeout, and the client holds none fetched and not yet
+			// polled (a poll loop held up holds back the rest of a partial
+			// poll): transaction markers or aborted records only.
 			return true
 		}
 	default:
