@@ -88,8 +88,12 @@ const featuresHeaders = 4
 // acknowledging side only reads a pending and counts its slab down.
 type slab struct {
 	p    [slabLen]pending
-	next int          // the next pending to hand out; the owning tracker's goroutine only
-	refs atomic.Int32 // records handed out and not yet acknowledged, plus 1 while current
+	next int // the next pending to hand out; the owning tracker's goroutine only
+	// refs counts the slab's records not yet acknowledged, plus 1 while it is
+	// current. Every record of a slab is handed out before the tracker moves on
+	// (nextPending), so it starts at slabLen+1 and only acknowledgements and the
+	// move count it down: handing a record out takes no locked instruction.
+	refs atomic.Int32
 }
 
 const (
@@ -155,7 +159,7 @@ func (s *Sink) getSlab() *slab {
 		sl = s.newSlab()
 	}
 	sl.next = 0
-	sl.refs.Store(1)
+	sl.refs.Store(slabLen + 1)
 	return sl
 }
 
@@ -185,7 +189,6 @@ func (t *Tracker) nextPending() *pending {
 	}
 	p := &sl.p[sl.next]
 	sl.next++
-	sl.refs.Add(1)
 	r := &p.rec
 	r.Key, r.Value, r.Headers, r.Topic = nil, nil, nil, ""
 	r.Timestamp, r.Partition, r.Attrs = time.Time{}, 0, kgo.RecordAttrs{}
@@ -199,6 +202,11 @@ func (t *Tracker) nextPending() *pending {
 // chunk is the tracker's current one; whoever drops it to 0 recycles the
 // chunk. Without recycling, the copies of every produced byte were the
 // service's largest allocation and set the pace of garbage collection.
+//
+// While the chunk is current, refs holds chunkBias minus the records
+// acknowledged so far, and the tracker counts the records it put in the chunk
+// in curUses, a plain field: retire then trades the bias for that count, so
+// that putting a record in the chunk takes no locked instruction.
 type chunk struct {
 	buf  []byte
 	refs atomic.Int32
@@ -343,8 +351,10 @@ type Tracker struct {
 	producedBytes int64
 	epochN        int64
 	// cur is the arena chunk that keys and values are copied into: one chunk
-	// for many records instead of two allocations per record.
-	cur *chunk
+	// for many records instead of two allocations per record; curUses counts
+	// the records in it (see chunk).
+	cur     *chunk
+	curUses int32
 	// slab holds the pendings handed out next (see slab).
 	slab *slab
 	// nowMs and nowText are the emitted_at clock set by SetClock, and nowTime
@@ -382,18 +392,21 @@ func (s *Sink) NewTracker(onAck func(arrival int64)) *Tracker {
 func (t *Tracker) copyInto(p *pending, key, prefix, value []byte) {
 	n := len(key) + len(prefix) + len(value)
 	var b []byte
-	if n > arenaChunk/4 {
+	switch {
+	case n > arenaChunk/4:
 		b = make([]byte, 0, n) // rare and large: its own allocation
-	} else {
+	case n == 0:
+		b = []byte{} // nothing to copy; a record in a chunk takes a byte of it (chunkBias)
+	default:
 		c := t.cur
 		if c == nil || cap(c.buf)-len(c.buf) < n {
 			t.retire()
 			c = t.sink.chunks.Get().(*chunk)
 			c.buf = c.buf[:0]
-			c.refs.Store(1)
+			c.refs.Store(chunkBias)
 			t.cur = c
 		}
-		c.refs.Add(1)
+		t.curUses++
 		p.c = c
 		at := len(c.buf)
 		c.buf = c.buf[:at+n]
@@ -410,11 +423,19 @@ func (t *Tracker) copyInto(p *pending, key, prefix, value []byte) {
 	p.rec.Value = b[len(key):]
 }
 
-// retire gives up the tracker's reference to its current chunk.
+// chunkBias stands for the records of a current chunk until retire counts
+// them: more than a chunk can hold (a record takes at least a byte of it).
+const chunkBias = 1 << 30
+
+// retire gives up the tracker's reference to its current chunk: refs goes from
+// chunkBias − acknowledged to in flight (curUses − acknowledged), and whoever
+// brings it to 0, retire or the last promise, recycles the chunk.
 func (t *Tracker) retire() {
-	if t.cur != nil {
-		t.sink.release(t.cur)
-		t.cur = nil
+	if c := t.cur; c != nil {
+		if c.refs.Add(t.curUses-chunkBias) == 0 {
+			t.sink.chunks.Put(c)
+		}
+		t.cur, t.curUses = nil, 0
 	}
 }
 
