@@ -15,6 +15,8 @@ func (d *fastDecoder) Decode(value []byte, maxSeen int64, hasMaxSeen bool, tx *T
 	return d.decode(value, maxSeen, hasMaxSeen, tx, false)
 }
 
+var _ BorrowingDecoder = (*fastDecoder)(nil)
+
 // DecodeBorrowed implements BorrowingDecoder.
 func (d *fastDecoder) DecodeBorrowed(value []byte, maxSeen int64, hasMaxSeen bool, tx *Transaction) *Rejection {
 	return d.decode(value, maxSeen, hasMaxSeen, tx, true)

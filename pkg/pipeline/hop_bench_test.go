@@ -51,7 +51,7 @@ func feedInterleaved(first *[benchSources]*Processor, parts *[benchSources][][]b
 	}
 }
 
-func paymentBenchStream(b *testing.B, n int) (parts [benchSources][][]byte) {
+func paymentBenchStream(b testing.TB, n int) (parts [benchSources][][]byte) {
 	b.Helper()
 	schema, err := os.ReadFile(benchGroupsSchema)
 	if err != nil {

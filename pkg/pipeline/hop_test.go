@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"testing"
 
@@ -474,6 +475,88 @@ func TestFirstStageWakeUpReachesEveryRepartitionPartition(t *testing.T) {
 			if !active[[2]int{g, rp}] {
 				t.Errorf("group %d, repartition partition %d: no marker that is not idle after the wake-up (%d hop records sent)", g, rp, len(outs))
 			}
+		}
+	}
+}
+
+// TestBorrowedKeysChangeNothing: a definition's decoder with re-keyed groups
+// (payment_groups.yaml: card in place, device and ip re-keyed) leaves the ids and
+// the groups' keys in the input record's bytes (codec.BorrowingDecoder); the first
+// stages' outputs, hop records included, and snapshots are byte for byte those of
+// the same decoder copying them, with every input's bytes overwritten as soon as
+// Process returns.
+func TestBorrowedKeysChangeNothing(t *testing.T) {
+	d, err := definition.LoadFile(benchGroupsDef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema, err := os.ReadFile(d.SchemaFile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	comp, err := definition.Compile(d, string(schema), codec.DefaultLimits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	specs, err := definition.EngineSpecs(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := comp.Decoder().(codec.BorrowingDecoder); !ok {
+		t.Fatal("a definition's decoder does not borrow: nothing to test")
+	}
+	hc := &HopConfig{Partitions: benchSources}
+	for _, gs := range specs[1:] {
+		hc.Groups = append(hc.Groups, HopGroup{Name: gs.Name, Topic: "__velocity-repartition-t-" + gs.Name, Words: gs.Spec.Words()})
+	}
+	parts := paymentBenchStream(t, 3000)
+	type emitted struct {
+		dead, hop     bool
+		topic, reason string
+		partition     int32
+		offset        int64
+		key, value    []byte
+	}
+	for _, lateness := range []int64{0, 1000} {
+		var outs [2][]emitted
+		var snaps [2][][]byte
+		for run, dec := range []codec.Decoder{plainDecoder{comp.Decoder()}, comp.Decoder()} {
+			for src := range int32(benchSources) {
+				p, err := New(Config{Topic: "payments", Partition: src, Decoder: dec, Features: specs[0].Spec, Hops: hc,
+					Watermark: watermark.Config{AllowedLateness: lateness}}, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if (p.borrow != nil) != (run == 1) {
+					t.Fatalf("run %d: borrowing %v", run, p.borrow != nil)
+				}
+				emit := func(o *Output) {
+					outs[run] = append(outs[run], emitted{o.Dead, o.Hop, o.Topic, string(o.Reason), o.Partition, o.SourceOffset, bytes.Clone(o.Key), bytes.Clone(o.Value)})
+				}
+				for i, v := range parts[src] {
+					r := Record{Topic: "payments", Partition: src, Offset: int64(i), Value: bytes.Clone(v)}
+					p.Process(r, emit)
+					for j := range r.Value {
+						r.Value[j] = 0xee // as a fetch buffer reused or freed
+					}
+					if i%211 == 0 {
+						p.HopMarkers(false, emit)
+						snaps[run] = append(snaps[run], p.AppendSnapshot(nil))
+					}
+				}
+				p.Flush(emit)
+				p.EndOfInput(emit)
+				snaps[run] = append(snaps[run], p.AppendSnapshot(nil))
+			}
+		}
+		if len(outs[0]) < 3000 || !slices.EqualFunc(outs[0], outs[1], func(a, b emitted) bool {
+			return a.dead == b.dead && a.hop == b.hop && a.topic == b.topic && a.reason == b.reason && a.partition == b.partition &&
+				a.offset == b.offset && bytes.Equal(a.key, b.key) && bytes.Equal(a.value, b.value)
+		}) {
+			t.Fatalf("lateness %d: %d and %d outputs, not the same with borrowed ids and keys", lateness, len(outs[0]), len(outs[1]))
+		}
+		if !slices.EqualFunc(snaps[0], snaps[1], bytes.Equal) {
+			t.Fatalf("lateness %d: snapshots differ with borrowed ids and keys", lateness)
 		}
 	}
 }
