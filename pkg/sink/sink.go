@@ -88,12 +88,8 @@ const featuresHeaders = 4
 // acknowledging side only reads a pending and counts its slab down.
 type slab struct {
 	p    [slabLen]pending
-	next int // the next pending to hand out; the owning tracker's goroutine only
-	// refs counts the slab's records not yet acknowledged, plus 1 while it is
-	// current. Every record of a slab is handed out before the tracker moves on
-	// (nextPending), so it starts at slabLen+1 and only acknowledgements and the
-	// move count it down: handing a record out takes no locked instruction.
-	refs atomic.Int32
+	next int          // the next pending to hand out; the owning tracker's goroutine only
+	refs atomic.Int32 // records handed out and not yet acknowledged, plus 1 while current
 }
 
 const (
@@ -159,7 +155,7 @@ func (s *Sink) getSlab() *slab {
 		sl = s.newSlab()
 	}
 	sl.next = 0
-	sl.refs.Store(slabLen + 1)
+	sl.refs.Store(1)
 	return sl
 }
 
@@ -189,6 +185,7 @@ func (t *Tracker) nextPending() *pending {
 	}
 	p := &sl.p[sl.next]
 	sl.next++
+	sl.refs.Add(1)
 	r := &p.rec
 	r.Key, r.Value, r.Headers, r.Topic = nil, nil, nil, ""
 	r.Timestamp, r.Partition, r.Attrs = time.Time{}, 0, kgo.RecordAttrs{}
@@ -202,11 +199,6 @@ func (t *Tracker) nextPending() *pending {
 // chunk is the tracker's current one; whoever drops it to 0 recycles the
 // chunk. Without recycling, the copies of every produced byte were the
 // service's largest allocation and set the pace of garbage collection.
-//
-// While the chunk is current, refs holds chunkBias minus the records
-// acknowledged so far, and the tracker counts the records it put in the chunk
-// in curUses, a plain field: retire then trades the bias for that count, so
-// that putting a record in the chunk takes no locked instruction.
 type chunk struct {
 	buf  []byte
 	refs atomic.Int32
@@ -333,28 +325,24 @@ func (e *Epoch) Wait(ctx context.Context) error {
 // Tracker counts one input partition's in-flight records.
 //
 // Its counters are split by writer. The producing goroutine (Features, Dead,
-// Cut, and the PendingBytes and Flush that read its counters) owns produced,
-// producedBytes and epochN, plain fields; promises own acked and ackedBytes. In
-// flight is produced − acked. Per record, no counter takes a locked instruction
-// on a cache line the other side writes too: with one shared counter, that line
-// moved between the producing core and the acknowledging core twice per record,
-// which profiles of the service at its peak showed as a tenth of the sink's
-// cost. Nor does the producing side take one on its own lines: an atomic store
-// (XCHG on amd64) waits for the record's fields just written to leave the store
-// buffer, which profiles showed as two thirds of the sink's own time.
+// Cut) owns produced, producedBytes and epochN and updates them with plain
+// stores; promises own acked and ackedBytes. In flight is produced − acked.
+// Per record, no counter takes a locked read-modify-write on a cache line the
+// other side writes too: with one shared counter, that line moved between the
+// producing core and the acknowledging core twice per record, which profiles
+// of the service at its peak showed as a tenth of the sink's cost.
 type Tracker struct {
 	sink  *Sink
 	epoch *Epoch // the open epoch; only the producing goroutine touches the field
-	// produced and producedBytes count every record produced so far; epochN
-	// counts those of the open epoch.
-	produced      int64
-	producedBytes int64
+	// produced and producedBytes count every record produced so far (atomic
+	// only so that Flush and PendingBytes may read them from elsewhere);
+	// epochN counts those of the open epoch.
+	produced      atomic.Int64
+	producedBytes atomic.Int64
 	epochN        int64
 	// cur is the arena chunk that keys and values are copied into: one chunk
-	// for many records instead of two allocations per record; curUses counts
-	// the records in it (see chunk).
-	cur     *chunk
-	curUses int32
+	// for many records instead of two allocations per record.
+	cur *chunk
 	// slab holds the pendings handed out next (see slab).
 	slab *slab
 	// nowMs and nowText are the emitted_at clock set by SetClock, and nowTime
@@ -392,21 +380,18 @@ func (s *Sink) NewTracker(onAck func(arrival int64)) *Tracker {
 func (t *Tracker) copyInto(p *pending, key, prefix, value []byte) {
 	n := len(key) + len(prefix) + len(value)
 	var b []byte
-	switch {
-	case n > arenaChunk/4:
+	if n > arenaChunk/4 {
 		b = make([]byte, 0, n) // rare and large: its own allocation
-	case n == 0:
-		b = []byte{} // nothing to copy; a record in a chunk takes a byte of it (chunkBias)
-	default:
+	} else {
 		c := t.cur
 		if c == nil || cap(c.buf)-len(c.buf) < n {
 			t.retire()
 			c = t.sink.chunks.Get().(*chunk)
 			c.buf = c.buf[:0]
-			c.refs.Store(chunkBias)
+			c.refs.Store(1)
 			t.cur = c
 		}
-		t.curUses++
+		c.refs.Add(1)
 		p.c = c
 		at := len(c.buf)
 		c.buf = c.buf[:at+n]
@@ -423,19 +408,11 @@ func (t *Tracker) copyInto(p *pending, key, prefix, value []byte) {
 	p.rec.Value = b[len(key):]
 }
 
-// chunkBias stands for the records of a current chunk until retire counts
-// them: more than a chunk can hold (a record takes at least a byte of it).
-const chunkBias = 1 << 30
-
-// retire gives up the tracker's reference to its current chunk: refs goes from
-// chunkBias − acknowledged to in flight (curUses − acknowledged), and whoever
-// brings it to 0, retire or the last promise, recycles the chunk.
+// retire gives up the tracker's reference to its current chunk.
 func (t *Tracker) retire() {
-	if c := t.cur; c != nil {
-		if c.refs.Add(t.curUses-chunkBias) == 0 {
-			t.sink.chunks.Put(c)
-		}
-		t.cur, t.curUses = nil, 0
+	if t.cur != nil {
+		t.sink.release(t.cur)
+		t.cur = nil
 	}
 }
 
@@ -541,8 +518,8 @@ func (t *Tracker) produce(p *pending, arrival int64) {
 	p.size = int64(len(p.rec.Key) + len(p.rec.Value))
 	// Counted before Produce, which may call the promise at once (a failure).
 	t.epochN++
-	t.producedBytes += p.size
-	t.produced++
+	t.producedBytes.Store(t.producedBytes.Load() + p.size) // the only writer: no locked add
+	t.produced.Store(t.produced.Load() + 1)
 	t.sink.prod.Produce(context.Background(), &p.rec, promise)
 }
 
@@ -579,15 +556,16 @@ func promise(r *kgo.Record, err error) {
 }
 
 // PendingBytes is the size of this partition's records not yet acknowledged.
-// Call it on the producing goroutine.
+// Exact on the producing goroutine; elsewhere a recent value.
 func (t *Tracker) PendingBytes() int64 {
-	return t.producedBytes - t.ackedBytes.Load()
+	acked := t.ackedBytes.Load() // first: what is acknowledged was produced before
+	return t.producedBytes.Load() - acked
 }
 
-// inflight is how many records are produced and not yet acknowledged. Call it
-// on the producing goroutine.
+// inflight is how many records are produced and not yet acknowledged.
 func (t *Tracker) inflight() int64 {
-	return t.produced - t.acked.Load()
+	acked := t.acked.Load()
+	return t.produced.Load() - acked
 }
 
 // Err returns the first produce failure, if any.
@@ -602,15 +580,14 @@ var ErrFlushTimeout = errors.New("sink: flush interrupted before all records wer
 
 // Flush waits until every record produced through t has been acknowledged or
 // failed, then returns the first failure. It returns ErrFlushTimeout (wrapped
-// with ctx's error) if ctx ends first. Call it on the producing goroutine.
+// with ctx's error) if ctx ends first.
 func (t *Tracker) Flush(ctx context.Context) error {
 	done := make(chan struct{})
 	t.waiters.Add(1)
 	defer t.waiters.Add(-1)
-	produced := t.produced // the waiter reads the count taken here, not the field
 	go func() {
 		t.mu.Lock()
-		for produced-t.acked.Load() > 0 && ctx.Err() == nil {
+		for t.inflight() > 0 && ctx.Err() == nil {
 			t.cond.Wait()
 		}
 		t.mu.Unlock()
