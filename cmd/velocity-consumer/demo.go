@@ -368,7 +368,13 @@ func (v *liveView) observe(o *pipeline.Output) {
 		return
 	}
 	v.features++
-	v.velocity[o.EntityID] = o.Windows[v.velWindow].Count
+	if _, ok := v.velocity[o.EntityID]; ok {
+		v.velocity[o.EntityID] = o.Windows[v.velWindow].Count
+	} else {
+		// A new key is kept: its own copy, since o.EntityID is valid only during
+		// the call (it may point into the input record's bytes).
+		v.velocity[strings.Clone(o.EntityID)] = o.Windows[v.velWindow].Count
+	}
 }
 
 func (v *liveView) accounted() int64 {

@@ -39,6 +39,19 @@ func BenchmarkDecode(b *testing.B) {
 		b.ReportMetric(float64(cpuclock.Nanos()-cpu0)/float64(b.N), "cpu-ns/op")
 	}
 	b.Run("codec=fast", func(b *testing.B) { run(b, &fastDecoder{limits: l}) })
+	b.Run("codec=fast/borrowed", func(b *testing.B) {
+		dec := &fastDecoder{limits: l}
+		var tx Transaction
+		b.ReportAllocs()
+		b.SetBytes(int64(len(value)))
+		cpu0 := cpuclock.Nanos()
+		for b.Loop() {
+			if r := dec.DecodeBorrowed(value, t0, true, &tx); r != nil {
+				b.Fatal(r)
+			}
+		}
+		b.ReportMetric(float64(cpuclock.Nanos()-cpu0)/float64(b.N), "cpu-ns/op")
+	})
 	b.Run("codec=goavro", func(b *testing.B) {
 		dec, err := newGoavroDecoder(schemas.Transaction, l)
 		if err != nil {

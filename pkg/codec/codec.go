@@ -152,6 +152,16 @@ type Decoder interface {
 	Decode(value []byte, maxSeen int64, hasMaxSeen bool, tx *Transaction) *Rejection
 }
 
+// BorrowingDecoder is a Decoder that can also leave the decoded ids in value's
+// bytes instead of copying them: tx.EventID and tx.EntityID are then valid only
+// while value is neither written nor freed, and a caller that keeps either must
+// copy it. A caller that counts most events within the call saves the copy (the
+// only allocation of a decode).
+type BorrowingDecoder interface {
+	Decoder
+	DecodeBorrowed(value []byte, maxSeen int64, hasMaxSeen bool, tx *Transaction) *Rejection
+}
+
 // Validate applies the contract's field rules to a decoded tx (see validate),
 // with limits' zero fields at their defaults. Reasons name the contract's fields
 // (invalid:event_id, ...); a decoder over another schema renames them to its own.

@@ -44,7 +44,7 @@ func TestContainerRoundTrip(t *testing.T) {
 					t.Fatalf("record %d: value %x, want %x", len(got), value, EncodeTransaction(&want))
 				}
 				var tx Transaction
-				if err := decodeTransaction(value, &tx); err != nil {
+				if err := decodeTransaction(value, &tx, false); err != nil {
 					t.Fatal(err)
 				}
 				got = append(got, tx)
@@ -84,7 +84,7 @@ func TestContainerWithForeignSchema(t *testing.T) {
 	}
 	value, rej, ok := r.Next()
 	var tx Transaction
-	if !ok || rej != nil || decodeTransaction(value, &tx) != nil || !reflect.DeepEqual(tx, Transaction{EventID: "e1", EntityID: "card-A", AmountMinor: 7, Currency: "", EventTime: t0}) {
+	if !ok || rej != nil || decodeTransaction(value, &tx, false) != nil || !reflect.DeepEqual(tx, Transaction{EventID: "e1", EntityID: "card-A", AmountMinor: 7, Currency: "", EventTime: t0}) {
 		t.Fatalf("first record: %x %v %v -> %+v", value, rej, ok, tx)
 	}
 	// The null entity id cannot be written in our schema: the record comes

@@ -1,6 +1,9 @@
 package codec
 
-import "strconv"
+import (
+	"strconv"
+	"unsafe"
+)
 
 // fastDecoder decodes values written with exactly our Transaction schema,
 // field by field, without reflection or intermediate maps.
@@ -9,10 +12,21 @@ type fastDecoder struct {
 }
 
 func (d *fastDecoder) Decode(value []byte, maxSeen int64, hasMaxSeen bool, tx *Transaction) *Rejection {
+	return d.decode(value, maxSeen, hasMaxSeen, tx, false)
+}
+
+var _ BorrowingDecoder = (*fastDecoder)(nil)
+
+// DecodeBorrowed implements BorrowingDecoder.
+func (d *fastDecoder) DecodeBorrowed(value []byte, maxSeen int64, hasMaxSeen bool, tx *Transaction) *Rejection {
+	return d.decode(value, maxSeen, hasMaxSeen, tx, true)
+}
+
+func (d *fastDecoder) decode(value []byte, maxSeen int64, hasMaxSeen bool, tx *Transaction, borrow bool) *Rejection {
 	if len(value) > d.limits.MaxRecordBytes {
 		return tooLarge(len(value), d.limits.MaxRecordBytes)
 	}
-	if r := decodeTransaction(value, tx); r != nil {
+	if r := decodeTransaction(value, tx, borrow); r != nil {
 		return r
 	}
 	return validate(tx, &d.limits, maxSeen, hasMaxSeen)
@@ -23,8 +37,9 @@ func tooLarge(n, limit int) *Rejection {
 }
 
 // decodeTransaction decodes b in our schema's field order. It does not
-// validate beyond what the wire format requires.
-func decodeTransaction(b []byte, tx *Transaction) *Rejection {
+// validate beyond what the wire format requires. With borrow, the ids are b's
+// own bytes (see BorrowingDecoder) instead of a copy.
+func decodeTransaction(b []byte, tx *Transaction, borrow bool) *Rejection {
 	eventID, i, err := readBytes(b, 0)
 	if err != errNone {
 		return err.rejection("event_id", i)
@@ -54,7 +69,12 @@ func decodeTransaction(b []byte, tx *Transaction) *Rejection {
 	// them), so one string holds both: one allocation per record instead of two.
 	// They are kept and released together (the reorder buffer, the output), so
 	// neither keeps the other alive for longer than it would itself live.
-	ids := string(b[idsFrom:idsTo])
+	var ids string
+	if borrow {
+		ids = unsafe.String(unsafe.SliceData(b[idsFrom:]), idsTo-idsFrom) // idsTo < len(b): fields follow
+	} else {
+		ids = string(b[idsFrom:idsTo])
+	}
 	tx.EventID = ids[:len(eventID)]
 	tx.EntityID = ids[len(ids)-len(entityID):]
 	tx.AmountMinor = amount

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/velocity-consumer/velocity-consumer/schemas"
 )
@@ -52,6 +53,17 @@ func checkDecode(t *testing.T, fast, ref Decoder, value []byte, maxSeen int64, h
 			t.Fatalf("round trip of %+v gave %+v, %v", tx, back, r2)
 		}
 	}
+	if b, ok := fast.(BorrowingDecoder); ok {
+		// The same answer with the ids left in value's bytes, and only then.
+		var borrowed Transaction
+		rb := b.DecodeBorrowed(value, maxSeen, hasMaxSeen, &borrowed)
+		if !reflect.DeepEqual(rb, r) || r == nil && !reflect.DeepEqual(borrowed, tx) {
+			t.Fatalf("DecodeBorrowed gave %+v, %v; Decode %+v, %v for %x", borrowed, rb, tx, r, value)
+		}
+		if r == nil && (!within(value, borrowed.EventID) || !within(value, borrowed.EntityID) || within(value, tx.EventID) || within(value, tx.EntityID)) {
+			t.Fatalf("ids of %x: borrowed ones must be value's bytes, decoded ones a copy", value)
+		}
+	}
 	var want Transaction
 	rr := ref.Decode(value, maxSeen, hasMaxSeen, &want)
 	switch {
@@ -64,6 +76,15 @@ func checkDecode(t *testing.T, fast, ref Decoder, value []byte, maxSeen int64, h
 		t.Fatalf("fast rejects with %v, goavro with %v for %x", r, rr, value)
 	}
 	return r
+}
+
+// within reports whether s's bytes lie inside b.
+func within(b []byte, s string) bool {
+	if len(b) == 0 || len(s) == 0 {
+		return false
+	}
+	p, lo := uintptr(unsafe.Pointer(unsafe.StringData(s))), uintptr(unsafe.Pointer(&b[0]))
+	return p >= lo && p+uintptr(len(s)) <= lo+uintptr(len(b))
 }
 
 func refDecoder(t testing.TB) (Decoder, Decoder) {

@@ -98,22 +98,29 @@ func BenchmarkDecodeGroups(b *testing.B) {
 	schema := paymentSchema(b)
 	value := encodeWith(b, schema, paymentRecord())
 	for _, n := range []int{0, 1, 2} {
-		dec := mustCompile(b, withGroups(d, n), schema).Decoder()
-		b.Run("groups="+strconv.Itoa(n), func(b *testing.B) {
-			var tx codec.Transaction
-			b.ReportAllocs()
-			b.SetBytes(int64(len(value)))
-			cpu0 := cpuclock.Nanos()
-			for b.Loop() {
-				if rej := dec.Decode(value, 0, false, &tx); rej != nil {
-					b.Fatal(rej)
+		for _, borrow := range []bool{false, true} {
+			dec := mustCompile(b, withGroups(d, n), schema).Decoder()
+			decode := dec.Decode
+			name := "groups=" + strconv.Itoa(n)
+			if borrow {
+				decode, name = dec.(codec.BorrowingDecoder).DecodeBorrowed, name+"/borrowed"
+			}
+			b.Run(name, func(b *testing.B) {
+				var tx codec.Transaction
+				b.ReportAllocs()
+				b.SetBytes(int64(len(value)))
+				cpu0 := cpuclock.Nanos()
+				for b.Loop() {
+					if rej := decode(value, 0, false, &tx); rej != nil {
+						b.Fatal(rej)
+					}
 				}
-			}
-			b.ReportMetric(float64(cpuclock.Nanos()-cpu0)/float64(b.N), "cpu-ns/op")
-			if len(tx.Groups) != n {
-				b.Fatalf("%d groups decoded, want %d", len(tx.Groups), n)
-			}
-		})
+				b.ReportMetric(float64(cpuclock.Nanos()-cpu0)/float64(b.N), "cpu-ns/op")
+				if len(tx.Groups) != n {
+					b.Fatalf("%d groups decoded, want %d", len(tx.Groups), n)
+				}
+			})
+		}
 	}
 }
 
@@ -145,6 +152,14 @@ func TestDecodeGroupsAllocations(t *testing.T) {
 		})
 		if allocs > tc.max {
 			t.Errorf("%s: %v allocations per record, want at most %v (ids and present keys)", tc.name, allocs, tc.max)
+		}
+		borrowed := testing.AllocsPerRun(200, func() {
+			if rej := dec.(codec.BorrowingDecoder).DecodeBorrowed(value, 0, false, &tx); rej != nil {
+				t.Fatal(rej)
+			}
+		})
+		if borrowed != 0 {
+			t.Errorf("%s: %v allocations per record with the ids and keys borrowed, want none", tc.name, borrowed)
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/schemas"
@@ -626,21 +627,33 @@ type cgroup struct {
 const smallSlots = 16
 
 func (d *decoder) Decode(value []byte, maxSeen int64, hasMaxSeen bool, tx *codec.Transaction) *codec.Rejection {
+	return d.decodeValue(value, maxSeen, hasMaxSeen, tx, false)
+}
+
+var _ codec.BorrowingDecoder = (*decoder)(nil)
+
+// DecodeBorrowed implements codec.BorrowingDecoder: the ids and the groups' keys
+// that are strings or bytes in the record are value's own bytes.
+func (d *decoder) DecodeBorrowed(value []byte, maxSeen int64, hasMaxSeen bool, tx *codec.Transaction) *codec.Rejection {
+	return d.decodeValue(value, maxSeen, hasMaxSeen, tx, true)
+}
+
+func (d *decoder) decodeValue(value []byte, maxSeen int64, hasMaxSeen bool, tx *codec.Transaction, borrow bool) *codec.Rejection {
 	if len(value) > d.limits.MaxRecordBytes {
 		return &codec.Rejection{Reason: codec.ReasonTooLarge, Detail: "record is " + strconv.Itoa(len(value)) +
 			" bytes, over the limit of " + strconv.Itoa(d.limits.MaxRecordBytes)}
 	}
 	if d.nslots <= smallSlots {
 		var vals [smallSlots]val
-		return d.decode(value, maxSeen, hasMaxSeen, tx, vals[:])
+		return d.decode(value, maxSeen, hasMaxSeen, tx, vals[:], borrow)
 	}
 	var vals [MaxPaths]val
-	return d.decode(value, maxSeen, hasMaxSeen, tx, vals[:])
+	return d.decode(value, maxSeen, hasMaxSeen, tx, vals[:], borrow)
 }
 
 // decode is Decode with vals, the per-record scratch of d.nslots or more
 // zeroed entries on the caller's stack.
-func (d *decoder) decode(value []byte, maxSeen int64, hasMaxSeen bool, tx *codec.Transaction, vals []val) *codec.Rejection {
+func (d *decoder) decode(value []byte, maxSeen int64, hasMaxSeen bool, tx *codec.Transaction, vals []val, borrow bool) *codec.Rejection {
 	i, e, label := walk(value, 0, d.root, vals, 0)
 	if e != errNone {
 		return &codec.Rejection{Reason: codec.ReasonDecode, Detail: label + ": " + e.String() + " at byte " + strconv.Itoa(i)}
@@ -649,10 +662,10 @@ func (d *decoder) decode(value []byte, maxSeen int64, hasMaxSeen bool, tx *codec
 		return &codec.Rejection{Reason: codec.ReasonDecode, Detail: strconv.Itoa(len(value)-i) + " trailing bytes after the record"}
 	}
 	var r *codec.Rejection
-	if tx.EventID, r = d.eventID.read(value, vals); r != nil {
+	if tx.EventID, r = d.eventID.read(value, vals, borrow); r != nil {
 		return r
 	}
-	if tx.EntityID, r = d.entityID.read(value, vals); r != nil {
+	if tx.EntityID, r = d.entityID.read(value, vals, borrow); r != nil {
 		return r
 	}
 	tx.AmountMinor = 0
@@ -691,7 +704,7 @@ func (d *decoder) decode(value []byte, maxSeen int64, hasMaxSeen bool, tx *codec
 	tx.Groups = tx.Groups[:n]
 	for k := range d.groups {
 		g, out := &d.groups[k], &tx.Groups[k]
-		out.Key = g.key.readKey(value, vals)
+		out.Key = g.key.readKey(value, vals, borrow)
 		if out.Key == "" {
 			// Not an event of this group: its words would never be read.
 			out.Ext = out.Ext[:0]
@@ -778,7 +791,7 @@ func (c *Compiled) Reasons() []codec.Reason {
 	return uniq
 }
 
-func (r *idRef) read(value []byte, vals []val) (string, *codec.Rejection) {
+func (r *idRef) read(value []byte, vals []val, borrow bool) (string, *codec.Rejection) {
 	v := &vals[r.slot]
 	if !v.set {
 		return "", &codec.Rejection{Reason: r.reason, Detail: r.path + " is null"}
@@ -787,7 +800,16 @@ func (r *idRef) read(value []byte, vals []val) (string, *codec.Rejection) {
 	case kInt, kLong:
 		return strconv.FormatInt(v.n, 10), nil
 	}
-	return string(value[v.off : v.off+v.ln]), nil
+	return text(value[v.off:v.off+v.ln], borrow), nil
+}
+
+// text is b as a string: b's own bytes with borrow (codec.BorrowingDecoder),
+// else a copy.
+func text(b []byte, borrow bool) string {
+	if borrow {
+		return unsafe.String(unsafe.SliceData(b), len(b))
+	}
+	return string(b)
 }
 
 // checkKey applies the contract's entity-key rule to a group's key that is
@@ -811,7 +833,7 @@ func (r *idRef) checkKey(value []byte, vals []val) *codec.Rejection {
 
 // readKey is a group's key as text, "" when null, absent or empty; checkKey
 // has passed.
-func (r *idRef) readKey(value []byte, vals []val) string {
+func (r *idRef) readKey(value []byte, vals []val, borrow bool) string {
 	v := &vals[r.slot]
 	switch {
 	case !v.set:
@@ -821,7 +843,7 @@ func (r *idRef) readKey(value []byte, vals []val) string {
 	case v.ln == 0:
 		return ""
 	}
-	return string(value[v.off : v.off+v.ln])
+	return text(value[v.off:v.off+v.ln], borrow)
 }
 
 func (r *timeRef) read(vals []val) (int64, *codec.Rejection) {

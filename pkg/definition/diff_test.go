@@ -283,6 +283,15 @@ func checkSameTx(t *testing.T, dec codec.Decoder, ref *refDecoder, value []byte,
 	tx.Ext = []uint64{0xdead, 0xbeef} // stale words must be overwritten
 	tx.Groups = []codec.GroupValues{{Key: "stale", Ext: []uint64{0xdead}}, {Key: "stale", Ext: []uint64{1, 2, 3}}}
 	rej := dec.Decode(value, maxSeen, hasMaxSeen, &tx)
+	if b, ok := dec.(codec.BorrowingDecoder); ok {
+		// The same answer with the ids and keys left in value's bytes.
+		var borrowed codec.Transaction
+		borrowed.Ext = []uint64{0xdead, 0xbeef}
+		borrowed.Groups = []codec.GroupValues{{Key: "stale", Ext: []uint64{0xdead}}, {Key: "stale", Ext: []uint64{1, 2, 3}}}
+		if rb := b.DecodeBorrowed(value, maxSeen, hasMaxSeen, &borrowed); !reflect.DeepEqual(rb, rej) || rej == nil && !reflect.DeepEqual(borrowed, tx) {
+			t.Fatalf("DecodeBorrowed %+v, %v; Decode %+v, %v; value %x", borrowed, rb, tx, rej, value)
+		}
+	}
 	want := ref.decode(value, maxSeen, hasMaxSeen)
 	if rej != nil {
 		if rej.Detail == "" || !(rej.Reason == codec.ReasonDecode || rej.Reason == codec.ReasonTooLarge || strings.HasPrefix(string(rej.Reason), "invalid:")) {

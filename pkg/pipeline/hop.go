@@ -264,6 +264,9 @@ type mergeState struct {
 	released []repartition.Event
 	ev       watermark.Event
 	stats    MergeStats
+	// snap is the buffer the Merger's snapshot is encoded into at a cut, reused
+	// from one snapshot to the next (BeginSnapshot, EndSnapshot).
+	snap []byte
 }
 
 // MergeStats count what a second stage's Merger decided (not snapshotted).

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"fmt"
+	"math"
 	"math/big"
 	"math/rand/v2"
 	"os"
@@ -50,7 +51,7 @@ func feedInterleaved(first *[benchSources]*Processor, parts *[benchSources][][]b
 	}
 }
 
-func paymentBenchStream(b *testing.B, n int) (parts [benchSources][][]byte) {
+func paymentBenchStream(b testing.TB, n int) (parts [benchSources][][]byte) {
 	b.Helper()
 	schema, err := os.ReadFile(benchGroupsSchema)
 	if err != nil {
@@ -169,4 +170,55 @@ func BenchmarkGroups(b *testing.B) {
 			b.ReportMetric(float64(cpuclock.Nanos()-cpu0)/float64(b.N), "cpu-ns/op")
 		})
 	}
+}
+
+// BenchmarkSecondStageCheckpoint is one checkpoint of a second stage whose Merger
+// holds 50 000 events (two of its three sources ahead, the third silent), taken as
+// the service takes it: BeginSnapshot into the buffer the last one gave back, Step,
+// Finish, EndSnapshot.
+func BenchmarkSecondStageCheckpoint(b *testing.B) {
+	d, err := definition.LoadFile(benchGroupsDef)
+	if err != nil {
+		b.Fatal(err)
+	}
+	specs, err := definition.EngineSpecs(d)
+	if err != nil {
+		b.Fatal(err)
+	}
+	gs := specs[1]
+	p, err := New(Config{Topic: "__velocity-repartition-bench-" + gs.Name, Features: gs.Spec, Merge: &MergeConfig{Group: gs.Name, Sources: benchSources}}, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	drop := func(*Output) {}
+	ext := make([]uint64, gs.Spec.Words())
+	var v []byte
+	for i := range 50_000 {
+		src := int32(i % 2)
+		t := exampleT + int64(i)
+		r := repartition.Record{Kind: repartition.KindEvent, Watermark: t, Event: repartition.Event{
+			Source: src, Offset: int64(i), EventTime: t, Topic: "payments",
+			Key: fmt.Sprintf("dev-%d", i%30_000), EventID: fmt.Sprintf("txn-%09d", i), Amount: int64(i), Ext: ext,
+		}}
+		if v, err = repartition.AppendRecord(v[:0], &r); err != nil {
+			b.Fatal(err)
+		}
+		p.Process(Record{Topic: p.cfg.Topic, Offset: int64(i), Value: v}, drop)
+	}
+	if p.Pending() != 50_000 {
+		b.Fatalf("%d pending, want 50000", p.Pending())
+	}
+	var buf []byte
+	b.ReportAllocs()
+	cpu0 := cpuclock.Nanos()
+	for b.Loop() {
+		ps := p.BeginSnapshot(buf[:0])
+		ps.Step(math.MaxInt)
+		if _, err := ps.Finish(); err != nil {
+			b.Fatal(err)
+		}
+		p.EndSnapshot(ps)
+		buf = ps.Bytes()
+	}
+	b.ReportMetric(float64(cpuclock.Nanos()-cpu0)/float64(b.N), "cpu-ns/op")
 }

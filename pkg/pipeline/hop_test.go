@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"cmp"
 	"fmt"
+	"math"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"testing"
 
@@ -195,6 +197,14 @@ func secondStage(t testing.TB, g hopGroup, name string, rp int, perSource [][][]
 	}
 	next := make([]int, len(perSource))
 	var off int64
+	// A snapshot taken in steps while records go on (the service's way), to be
+	// finished a few records later and held to AppendSnapshot at its cut: the
+	// Merger's part is encoded at the cut into the buffer the previous snapshot
+	// gave back.
+	var (
+		stepped   *PendingSnapshot
+		wantAtCut []byte
+	)
 	for {
 		var live []int
 		for s := range perSource {
@@ -212,7 +222,18 @@ func secondStage(t testing.TB, g hopGroup, name string, rp int, perSource [][][]
 		p.Process(Record{Topic: cfg.Topic, Partition: cfg.Partition, Offset: off, Value: perSource[s][next[s]]}, emit)
 		next[s]++
 		off++
-		if rng.IntN(150) == 0 {
+		if stepped != nil && rng.IntN(5) == 0 {
+			stepped.Step(math.MaxInt)
+			if got, err := stepped.Finish(); err != nil || !bytes.Equal(got, wantAtCut) {
+				t.Fatalf("group %s partition %d: a snapshot finished later differs from AppendSnapshot at its cut (%v)", name, rp, err)
+			}
+			p.EndSnapshot(stepped)
+			stepped = nil
+		} else if stepped == nil && rng.IntN(100) == 0 {
+			wantAtCut = p.AppendSnapshot(nil)
+			stepped = p.BeginSnapshot(nil)
+		}
+		if stepped == nil && rng.IntN(150) == 0 {
 			snap := p.AppendSnapshot(nil)
 			if p, err = Restore(cfg, snap); err != nil {
 				t.Fatal(err)
@@ -454,6 +475,88 @@ func TestFirstStageWakeUpReachesEveryRepartitionPartition(t *testing.T) {
 			if !active[[2]int{g, rp}] {
 				t.Errorf("group %d, repartition partition %d: no marker that is not idle after the wake-up (%d hop records sent)", g, rp, len(outs))
 			}
+		}
+	}
+}
+
+// TestBorrowedKeysChangeNothing: a definition's decoder with re-keyed groups
+// (payment_groups.yaml: card in place, device and ip re-keyed) leaves the ids and
+// the groups' keys in the input record's bytes (codec.BorrowingDecoder); the first
+// stages' outputs, hop records included, and snapshots are byte for byte those of
+// the same decoder copying them, with every input's bytes overwritten as soon as
+// Process returns.
+func TestBorrowedKeysChangeNothing(t *testing.T) {
+	d, err := definition.LoadFile(benchGroupsDef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema, err := os.ReadFile(d.SchemaFile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	comp, err := definition.Compile(d, string(schema), codec.DefaultLimits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	specs, err := definition.EngineSpecs(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := comp.Decoder().(codec.BorrowingDecoder); !ok {
+		t.Fatal("a definition's decoder does not borrow: nothing to test")
+	}
+	hc := &HopConfig{Partitions: benchSources}
+	for _, gs := range specs[1:] {
+		hc.Groups = append(hc.Groups, HopGroup{Name: gs.Name, Topic: "__velocity-repartition-t-" + gs.Name, Words: gs.Spec.Words()})
+	}
+	parts := paymentBenchStream(t, 3000)
+	type emitted struct {
+		dead, hop     bool
+		topic, reason string
+		partition     int32
+		offset        int64
+		key, value    []byte
+	}
+	for _, lateness := range []int64{0, 1000} {
+		var outs [2][]emitted
+		var snaps [2][][]byte
+		for run, dec := range []codec.Decoder{plainDecoder{comp.Decoder()}, comp.Decoder()} {
+			for src := range int32(benchSources) {
+				p, err := New(Config{Topic: "payments", Partition: src, Decoder: dec, Features: specs[0].Spec, Hops: hc,
+					Watermark: watermark.Config{AllowedLateness: lateness}}, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if (p.borrow != nil) != (run == 1) {
+					t.Fatalf("run %d: borrowing %v", run, p.borrow != nil)
+				}
+				emit := func(o *Output) {
+					outs[run] = append(outs[run], emitted{o.Dead, o.Hop, o.Topic, string(o.Reason), o.Partition, o.SourceOffset, bytes.Clone(o.Key), bytes.Clone(o.Value)})
+				}
+				for i, v := range parts[src] {
+					r := Record{Topic: "payments", Partition: src, Offset: int64(i), Value: bytes.Clone(v)}
+					p.Process(r, emit)
+					for j := range r.Value {
+						r.Value[j] = 0xee // as a fetch buffer reused or freed
+					}
+					if i%211 == 0 {
+						p.HopMarkers(false, emit)
+						snaps[run] = append(snaps[run], p.AppendSnapshot(nil))
+					}
+				}
+				p.Flush(emit)
+				p.EndOfInput(emit)
+				snaps[run] = append(snaps[run], p.AppendSnapshot(nil))
+			}
+		}
+		if len(outs[0]) < 3000 || !slices.EqualFunc(outs[0], outs[1], func(a, b emitted) bool {
+			return a.dead == b.dead && a.hop == b.hop && a.topic == b.topic && a.reason == b.reason && a.partition == b.partition &&
+				a.offset == b.offset && bytes.Equal(a.key, b.key) && bytes.Equal(a.value, b.value)
+		}) {
+			t.Fatalf("lateness %d: %d and %d outputs, not the same with borrowed ids and keys", lateness, len(outs[0]), len(outs[1]))
+		}
+		if !slices.EqualFunc(snaps[0], snaps[1], bytes.Equal) {
+			t.Fatalf("lateness %d: snapshots differ with borrowed ids and keys", lateness)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -523,5 +524,73 @@ func TestMaxDedupeIDs(t *testing.T) {
 	}
 	if n, ev := p.DedupeIDs(), p.DedupeCapEvictions(); n != 2 || ev != 2 {
 		t.Errorf("DedupeIDs %d, DedupeCapEvictions %d; want 2 and 2", n, ev)
+	}
+}
+
+// plainDecoder hides a decoder's DecodeBorrowed: every id is copied at decode.
+type plainDecoder struct{ codec.Decoder }
+
+// TestBorrowedIDsChangeNothing: with a decoder that leaves the ids in the input
+// record's bytes (codec.BorrowingDecoder), outputs and snapshots are byte for byte
+// those of a decoder that copies them, even when every input record's bytes are
+// overwritten as soon as Process returns: nothing the processor keeps (the reorder
+// buffer, the window table, dedupe) points into them.
+func TestBorrowedIDsChangeNothing(t *testing.T) {
+	const specs = "10s:1s,1m:10s,1h:1m"
+	sp, _ := window.ParseSpecs(specs)
+	dec, err := codec.NewDecoder("", codec.DefaultLimits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := dec.(codec.BorrowingDecoder); !ok {
+		t.Fatal("the fast decoder does not borrow: nothing to test")
+	}
+	type emitted struct {
+		dead        bool
+		reason, err string
+		key, value  []byte
+	}
+	for seed := range uint64(24) {
+		lateness := []int64{0, 500, 2000}[seed%3]
+		late := []LatePolicy{LateDLQ, LateApply}[seed/3%2]
+		rng := rand.New(rand.NewPCG(seed, 11))
+		evs := randomStream(rng, 600)
+		var outs [2][]emitted
+		var snaps [2][][]byte
+		for run, d := range []codec.Decoder{plainDecoder{dec}, dec} {
+			p, err := New(Config{Topic: "tx", Specs: sp, Late: late, Decoder: d, Watermark: watermark.Config{AllowedLateness: lateness}}, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (p.borrow != nil) != (run == 1) {
+				t.Fatalf("run %d: borrowing %v", run, p.borrow != nil)
+			}
+			emit := func(o *Output) {
+				outs[run] = append(outs[run], emitted{o.Dead, string(o.Reason), o.Err, bytes.Clone(o.Key), bytes.Clone(o.Value)})
+			}
+			for i, e := range evs {
+				entity := "entity-" + e.Entity
+				if e.Invalid != "" {
+					entity = ""
+				}
+				tx := codec.Transaction{EventID: "event-" + e.ID, EntityID: entity, AmountMinor: e.Amount, EventTime: e.Time}
+				r := Record{Topic: "tx", Offset: e.Offset, Key: []byte(entity), Value: codec.EncodeTransaction(&tx)}
+				p.Process(r, emit)
+				for j := range r.Value {
+					r.Value[j] = 0xee // as a fetch buffer reused or freed
+				}
+				if i%97 == 0 {
+					snaps[run] = append(snaps[run], p.AppendSnapshot(nil))
+				}
+			}
+			p.Flush(emit)
+			snaps[run] = append(snaps[run], p.AppendSnapshot(nil))
+		}
+		if !reflect.DeepEqual(outs[0], outs[1]) {
+			t.Fatalf("seed %d (lateness %d, %v): outputs differ with borrowed ids", seed, lateness, late)
+		}
+		if !reflect.DeepEqual(snaps[0], snaps[1]) {
+			t.Fatalf("seed %d (lateness %d, %v): snapshots differ with borrowed ids", seed, lateness, late)
+		}
 	}
 }

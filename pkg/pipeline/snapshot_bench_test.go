@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/velocity-consumer/velocity-consumer/internal/cpuclock"
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/window"
 )
@@ -123,6 +124,7 @@ func benchProcessHints(b *testing.B, entities int, zipf bool) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			i := 0
+			cpu0 := cpuclock.Nanos()
 			for b.Loop() {
 				if i+batch > len(rest) {
 					b.Fatalf("benchmark ran past its %d prepared records; lower -benchtime", len(rest))
@@ -131,6 +133,7 @@ func benchProcessHints(b *testing.B, entities int, zipf bool) {
 				i += batch
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(i), "ns/record")
+			b.ReportMetric(float64(cpuclock.Nanos()-cpu0)/float64(i), "cpu-ns/record")
 		})
 	}
 }

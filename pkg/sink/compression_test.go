@@ -256,6 +256,45 @@ func TestHopBatchesLeftUncompressed(t *testing.T) {
 	}
 }
 
+// TestLZ4FramesWithoutContentChecksum: the outputs' LZ4 frames are Kafka's own
+// producer's (no content checksum, independent blocks), decompress to the batch,
+// and a writer taken from the pool again writes the same frame.
+func TestLZ4FramesWithoutContentChecksum(t *testing.T) {
+	var src []byte
+	for i := range 3000 { // about 300 KB: a large batch, one block of the frame
+		row := []byte(strings.Repeat(fmt.Sprintf("row %d of card-%d; ", i, i%7), 4))
+		src = appendRecordV2(src, []byte(fmt.Sprintf("card-%d", i)), row, [][2]string{{HeaderEmittedAt, "1700000000000"}})
+	}
+	c := newLZ4Frames()
+	dec := kgo.DefaultDecompressor()
+	var first []byte
+	for _, in := range [][]byte{src, src[:100], src} {
+		var buf bytes.Buffer
+		out, codec := c.Compress(&buf, in)
+		if codec != kgo.CodecLz4 || len(out) < 7 {
+			t.Fatalf("codec %v, %d bytes", codec, len(out))
+		}
+		if magic := binary.LittleEndian.Uint32(out); magic != 0x184D2204 {
+			t.Fatalf("frame magic %#x", magic)
+		}
+		const contentChecksum, blockIndependence, blockChecksum = 1 << 2, 1 << 5, 1 << 4
+		if flg := out[4]; flg&contentChecksum != 0 || flg&blockChecksum != 0 || flg&blockIndependence == 0 || flg>>6 != 1 {
+			t.Fatalf("frame flags %08b: want version 1, independent blocks, no checksums", flg)
+		}
+		back, err := dec.Decompress(out, codec)
+		if err != nil || !bytes.Equal(back, in) {
+			t.Fatalf("decompressed %d bytes (%v), want the %d of the batch", len(back), err, len(in))
+		}
+		if len(in) == len(src) {
+			if first == nil {
+				first = bytes.Clone(out)
+			} else if !bytes.Equal(out, first) {
+				t.Fatal("a pooled writer wrote another frame for the same batch")
+			}
+		}
+	}
+}
+
 // BenchmarkHopBatch is what one batch of 100 hop events costs the producer's
 // compressor and then the fetching second stage's decompressor: "lz4" as before
 // hop batches were told apart (every batch LZ4-compressed and decompressed again),
@@ -294,4 +333,6 @@ func BenchmarkHopBatch(b *testing.B) {
 	b.Run("hops/hop-aware", func(b *testing.B) { run(b, aware, hops) })
 	b.Run("features/lz4", func(b *testing.B) { run(b, lz4, feats) })
 	b.Run("features/hop-aware", func(b *testing.B) { run(b, aware, feats) })
+	// The outputs' LZ4 as Compressor("lz4", ...) writes it: no content checksum.
+	b.Run("features/lz4-frames", func(b *testing.B) { run(b, &batchCompressor{other: newLZ4Frames()}, feats) })
 }

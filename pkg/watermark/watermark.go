@@ -291,6 +291,18 @@ func (s *Stage) Offer(ev Event) Verdict {
 // after Offer and Ready, so outputs and snapshots do not depend on which is used;
 // it saves copying the event into the buffer and out again.
 func (s *Stage) OfferNow(ev *Event) (v Verdict, now bool) {
+	return s.offerNow(ev, false)
+}
+
+// OfferNowBorrowed is OfferNow for an event whose EventID and EntityID are valid
+// only during the call (they point into the caller's input record, see
+// codec.BorrowingDecoder): an event released at once is not kept, and one that
+// waits in the buffer first gets ids of its own, one string holding both.
+func (s *Stage) OfferNowBorrowed(ev *Event) (v Verdict, now bool) {
+	return s.offerNow(ev, true)
+}
+
+func (s *Stage) offerNow(ev *Event, borrowed bool) (v Verdict, now bool) {
 	if v = s.admit(ev); v != Accepted {
 		return v, false
 	}
@@ -300,6 +312,10 @@ func (s *Stage) OfferNow(ev *Event) (v Verdict, now bool) {
 		// saw the buffer empty, which is what release would show it again.
 		s.seq++
 		return Accepted, true
+	}
+	if borrowed {
+		ids := ev.EventID + ev.EntityID
+		ev.EventID, ev.EntityID = ids[:len(ev.EventID)], ids[len(ev.EventID):]
 	}
 	s.enqueue(ev)
 	return Accepted, false
