@@ -174,3 +174,65 @@ func TestIdleRuleWaitsForTheRestOfAPartialPoll(t *testing.T) {
 		}
 	}
 }
+
+// TestIdleRuleReadsPastTransactionMarkers: under a transactional producer the
+// input's last offsets are transaction markers (and aborted records), which no
+// input record reaches. The partition is idle once it has read past them: its
+// pending events (all of them, within the lateness) are released and published
+// once the input goes quiet, and the aborted records count nowhere.
+func TestIdleRuleReadsPastTransactionMarkers(t *testing.T) {
+	brokers := newCluster(t, 1)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.TransactionalID("upstream"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const base = int64(1_795_000_000_000)
+	rec := func(id string, et, amount int64) *kgo.Record {
+		return &kgo.Record{Topic: inTopic, Partition: 0, Key: []byte("card-1"),
+			Value: codec.EncodeTransaction(&codec.Transaction{EventID: id, EntityID: "card-1", AmountMinor: amount, Currency: "EUR", EventTime: et})}
+	}
+	txn := func(recs []*kgo.Record, end kgo.TransactionEndTry) {
+		t.Helper()
+		if err := cl.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.EndTransaction(ctx, end); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var committed, aborted []*kgo.Record
+	for i := range 50 {
+		committed = append(committed, rec(fmt.Sprint("c", i), base+int64(i)*10, 100))
+		aborted = append(aborted, rec(fmt.Sprint("a", i), base+int64(i)*10, 1_000_000))
+	}
+	txn(committed, kgo.TryCommit)
+	txn(aborted, kgo.TryAbort) // the log ends with aborted records and their marker
+
+	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
+	// Every event is within the lateness of the newest: all pending until the
+	// idle rule releases them.
+	cfg.Watermark = watermark.Config{AllowedLateness: 60_000, IdleTimeout: 200 * time.Millisecond}
+	startService(t, cfg)
+	got := readOutputs(t, brokers, len(committed), 30*time.Second)
+	if len(got) != len(committed) {
+		t.Fatalf("%d outputs 30 s after the input went quiet, want %d: the pending events were never released", len(got), len(committed))
+	}
+	for src, outs := range got {
+		if src.Offset >= int64(len(committed)) {
+			t.Fatalf("an output names offset %d, past the committed records", src.Offset)
+		}
+		f, err := codec.DecodeFeatures(outs[0].Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := src.Offset + 1; len(outs) != 1 || f.Windows[0].Count != want || f.Windows[0].SumMinor != 100*want {
+			t.Fatalf("input %d: %d outputs, count %d sum %d; want one, %d and %d (no aborted amount)", src.Offset, len(outs), f.Windows[0].Count, f.Windows[0].SumMinor, want, 100*want)
+		}
+	}
+}

@@ -402,6 +402,11 @@ func (s *Service) Run(ctx context.Context) error {
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// Transaction markers take offsets that no input record has: kept, the
+		// workers read past them (worker.readTo), and the idle verdict knows a
+		// partition has read all there is when only markers followed its last
+		// record. Workers skip them.
+		kgo.KeepControlRecords(),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.AdjustFetchOffsetsFn(s.assigned),
 		kgo.OnPartitionsRevoked(s.revoked),

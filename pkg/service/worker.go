@@ -63,17 +63,20 @@ type worker struct {
 	fetchPaused bool
 	emitFn      func(*pipeline.Output)
 	// hwm is the partition's high watermark as the last fetch reported it (-1:
-	// none yet).
+	// none yet): for the lag gauge.
 	hwm int64
-	// A re-keyed group's first stage tells its second stages that its input is
-	// quiet (the idle rule) only once the broker confirms there is nothing left
-	// to read (idleVerdict): quietEnd is the input's last stable offset as the
-	// first such check found it while no fetch had brought a record yet (-1:
-	// none), idleCheck brings a check's answer back, idleChecking is set while
-	// one is out, and quietGen numbers quiet spells so that the answer to a check
-	// of an earlier spell is not taken for this one's.
-	quietEnd     int64
-	quietEndAt   time.Time
+	// readTo is the offset after the last record of the partition's log the
+	// worker has handled, its input records and the transaction markers between
+	// them (the consumer keeps those for this): how far it has read (-1: nothing
+	// yet; then proc.Next()). The idle verdict compares it with the broker's
+	// last stable offset.
+	readTo int64
+	// The idle rule releases a reorder buffer, and a re-keyed group's first
+	// stage tells its second stages that its input is quiet, only once the
+	// broker confirms there is nothing left to read (idleVerdict): idleCheck
+	// brings a check's answer back, idleChecking is set while one is out, and
+	// quietGen numbers quiet spells so that the answer to a check of an earlier
+	// spell is not taken for this one's.
 	idleCheck    chan idleAnswer
 	idleChecking bool
 	quietGen     uint64
@@ -145,7 +148,7 @@ func (s *Service) startWorker(p int32, proc *pipeline.Processor, txn *kgo.Client
 	proc.SetOwnerEpoch(epoch)
 	w := &worker{
 		s: s, part: p, label: label, proc: proc, txn: txn, epoch: epoch, idleFlushAt: idleFlushAt, hwm: -1,
-		quietEnd: -1, idleCheck: make(chan idleAnswer, 1),
+		readTo: -1, idleCheck: make(chan idleAnswer, 1),
 		in:          make(chan batch, 4),
 		quit:        make(chan bool, 1),
 		done:        make(chan struct{}),
@@ -272,7 +275,7 @@ func (w *worker) run() {
 					// The one place the wall clock decides an order (docs/contract.md,
 					// the idle rule): for the reader of a difference from replay.
 					w.s.log.Debug("idle rule: released the reorder buffer", zap.Int32("partition", w.part),
-						zap.Int("events", pending), zap.Int64("next", w.proc.Next()), zap.Int64("last_fetch_hwm", w.hwm))
+						zap.Int("events", pending), zap.Int64("next", w.proc.Next()), zap.Int64("read_to", w.readTo))
 				}
 				// A re-keyed group's first stage: its watermark to the second
 				// stages, and the idle verdict.
@@ -444,7 +447,11 @@ func (w *worker) process(b batch) {
 	arrival := now.UnixNano()
 	w.tracker.SetClock(now.UnixMilli())
 	w.proc.SetClock(now)
+	in := 0
 	for i, r := range records {
+		if r.Attrs.IsControl() {
+			continue // a transaction marker: read (readTo), not an input record
+		}
 		if j := i + 2*pipeline.HintDistance; j < len(records) {
 			w.proc.Hint(records[j].Key, records[j].Value, 2*pipeline.HintDistance)
 		}
@@ -462,6 +469,7 @@ func (w *worker) process(b batch) {
 			Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
 			Key: r.Key, Value: r.Value, Arrival: arrival,
 		}, w.emitFn)
+		in++
 		if i&readEvery == readEvery {
 			w.serveQueued() // reads wait for part of a large batch, not all of it (query.go)
 		}
@@ -471,19 +479,13 @@ func (w *worker) process(b batch) {
 			zap.Int("failed_attempts", w.holdErrs))
 		w.backoff, w.holdErrs = 0, 0
 	}
-	w.dirty = w.dirty || len(records) > 0
-	w.recordsIn.Add(float64(len(records)))
+	w.dirty = w.dirty || in > 0
+	w.recordsIn.Add(float64(in))
+	if n := len(records); n > 0 { // the held ones, if any, are not read yet
+		w.readTo = max(w.readTo, records[n-1].Offset+1)
+	}
 	if b.hwm >= 0 {
-		// A batch says the partition is caught up to its high watermark only
-		// when its records reach it (idleVerdict): a poll takes at most
-		// maxPollRecords and a fetch at most its byte limits, so the rest of
-		// what lies below the high watermark may still wait in the client or
-		// for the next fetch. (Below it a transactional input's last records
-		// are markers, which no batch reaches: idleVerdict's other rule.)
-		w.hwm = -1
-		if n := len(b.records); n > 0 && b.records[n-1].Offset+1 >= b.hwm {
-			w.hwm = b.hwm
-		}
+		w.hwm = b.hwm
 		w.s.m.ConsumerLag.WithLabelValues(w.label).Set(float64(max(b.hwm-w.proc.Next(), 0)))
 	}
 	w.updatePressure()
@@ -500,45 +502,31 @@ func (w *worker) process(b batch) {
 // partition paused, would never return.
 // idleVerdict reports whether the partition's input is quiet: whether the idle
 // rule may release its reorder buffer, and a re-keyed group's first stage tell
-// its second stages so. The idle rule (no record for --idle-timeout) must hold, nothing may wait to be processed (a batch handed over, records held
-// for the registry, fetching paused), and the broker must confirm that the
-// partition holds nothing this partition has not read: its last stable offset is
-// no further than the high watermark of the last batch whose records reached it,
-// or the next offset to process, or else the same at two checks an idle timeout
-// apart with no fetched record waiting in the client (so what lies between the
-// last record and it yields no record: transaction markers, aborted records). A frozen process that wakes up,
-// or a fetch slowed down, then never declares a partition idle while records wait
-// for it. The check runs on a goroutine of its own: a slow broker delays the
-// verdict, not the partition.
+// its second stages so. The idle rule (no record for --idle-timeout) must hold,
+// nothing may wait to be processed (a batch handed over, records held for the
+// registry, fetching paused), and the broker must confirm that the partition
+// holds nothing this worker has not read: its last stable offset is no further
+// than readTo, the offset after the last record handled, transaction markers
+// included. Not the high watermark of a fetch, which runs ahead of the records
+// a poll hands over (at most maxPollRecords) and of a fetch cut by its byte
+// limits; nor an offset unchanged for a while, which a slow fetch, a poll loop
+// held up or a process frozen and woken up also shows. The check runs on a
+// goroutine of its own: a slow broker delays the verdict, not the partition.
 func (w *worker) idleVerdict() bool {
 	if !w.proc.NeedsIdleVerdict() && !w.proc.WaitsForIdle() {
 		return false
 	}
 	quiet := w.proc.Quiet() && len(w.in) == 0 && len(w.held) == 0 && !w.wantPause.Load()
-	if !quiet && (w.quietEnd >= 0 || w.idleChecking) {
-		w.quietEnd = -1
+	if !quiet && w.idleChecking {
 		w.quietGen++
 	}
 	select {
 	case a := <-w.idleCheck:
 		w.idleChecking = false
-		end := a.end
-		switch {
-		case !quiet || a.gen != w.quietGen: // asked in another spell
-		case end < 0: // the broker did not answer: ask again at the next tick
-		case w.hwm >= 0:
-			return end <= w.hwm
-		case end <= w.proc.Next():
-			return true
-		case w.quietEnd != end:
-			w.quietEnd, w.quietEndAt = end, time.Now()
-		case time.Since(w.quietEndAt) >= w.s.cfg.Watermark.IdleTimeout && w.s.cons.BufferedFetchRecords() == 0:
-			// No fetch brought a record from the offsets below end for another
-			// idle timeout, and the client holds none fetched and not yet
-			// polled (a poll loop held up holds back the rest of a partial
-			// poll): transaction markers or aborted records only.
+		if quiet && a.gen == w.quietGen && a.end >= 0 && a.end <= max(w.readTo, w.proc.Next()) {
 			return true
 		}
+		// Asked in another spell, no answer (ask again), or records to read.
 	default:
 	}
 	if quiet && !w.idleChecking {
