@@ -138,8 +138,8 @@ type querier struct {
 	// windowNames are the velocity endpoint's windows, in configured order,
 	// which ?window= names.
 	windowNames []string
-	// previews: also the velocity endpoint's preview (without a definition),
-	// with event ids drawn up to lastSeq's (duplicates, where accepted).
+	// previews: also the velocity endpoint's preview, with event ids drawn up
+	// to lastSeq's (duplicates, where accepted).
 	previews bool
 	lastSeq  func() int64
 	// recent is the latest default as_of answered so far: where ?at= reads
@@ -213,7 +213,7 @@ func (q *querier) run() {
 		var preview *previewTx
 		switch i := q.rng.IntN(n); {
 		case i < len(q.eps) && q.eps[i] == epVelocity && q.previews && q.recent.Load() > 0 && q.rng.IntN(5) == 0:
-			// One velocity read in five, without a definition, is a preview:
+			// One velocity read in five is a preview:
 			// an event time around the latest as_of answered (late, waiting
 			// or released at once), one in twenty more than --max-ahead ahead
 			// (invalid); no event id, a new one, or one the generator gave
@@ -554,7 +554,9 @@ func (r *run) startQueries(seed uint64) {
 		g.q = newQuerier(g.mode, g.api, eps, inPlace, pick, rekeyed, seed+uint64(i))
 		g.q.txn = len(rekeyed) > 0
 		g.q.windowNames = windowNames
-		g.q.previews, g.q.lastSeq = r.v.features == "", r.prod.gen.seq.Load
+		// Under a definition too: the preview answers the definition's windows
+		// over every counted event (docs/api.md), which the model computes.
+		g.q.previews, g.q.lastSeq = true, r.prod.gen.seq.Load
 		go g.q.run()
 	}
 	ctx, cancel := context.WithCancel(r.ctx)
