@@ -63,7 +63,7 @@ func (p *proxy) addr() string { return p.ln.Addr().String() }
 func (p *proxy) setCut(cut bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if cut == p.cut {
+	if cut == p.cut || p.closed {
 		return
 	}
 	p.cut = cut
@@ -184,6 +184,7 @@ func (p *proxy) close() {
 	}
 	p.closed = true
 	if p.cut {
+		p.cut = false
 		close(p.healed) // wakes the waiters, who then see closed
 	}
 	conns := make([]net.Conn, 0, len(p.conns))

@@ -98,3 +98,30 @@ func TestLinkCutsAndHeals(t *testing.T) {
 		t.Fatal("no echo after the heal")
 	}
 }
+
+// TestLinkClosedWhileCut: a test that ends during a cut closes its proxies; a
+// heal (or another cut) after that does nothing, and a connection waiting on
+// the cut is ended.
+func TestLinkClosedWhileCut(t *testing.T) {
+	p, err := listenProxy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.serve("127.0.0.1:1") // never dialled: the link is cut before any connection
+	l := &Link{Addr: p.addr(), proxies: []*proxy{p}}
+	l.Cut()
+	c, err := net.Dial("tcp", l.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	p.close()
+	l.Heal()
+	l.Cut()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("a connection through a closed proxy read data")
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatal("a connection waiting on the cut was not ended when the proxy closed")
+	}
+}
