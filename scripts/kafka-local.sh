@@ -12,9 +12,10 @@
 # start needs no network and takes seconds. The broker is a combined KRaft
 # broker+controller on 127.0.0.1 (PLAINTEXT), with settings for tests: replication factor 1
 # for every internal topic (KAFKA_REPLICATION for a cluster), transactions on one node, no
-# initial rebalance delay, a small heap. Every start formats a fresh, empty log dir (restart keeps it). On success the last
-# line on stdout is the bootstrap address (127.0.0.1:PORT); on failure the broker's last
-# log lines are printed and the exit status is non-zero.
+# initial rebalance delay, a small heap. Every start formats a fresh, empty log dir
+# (restart keeps it). On success the last line on stdout is the bootstrap address
+# (127.0.0.1:PORT); on failure the broker's last log lines are printed and the exit
+# status is non-zero.
 #
 # Environment (defaults in brackets):
 #   KAFKA_PORT              client listener port [9092]
