@@ -182,30 +182,12 @@ func TestIdleRuleWaitsForTheRestOfAPartialPoll(t *testing.T) {
 // once the input goes quiet, and the aborted records count nowhere.
 func TestIdleRuleReadsPastTransactionMarkers(t *testing.T) {
 	brokers := newCluster(t, 1)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.TransactionalID("upstream"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	const base = int64(1_795_000_000_000)
 	rec := func(id string, et, amount int64) *kgo.Record {
 		return &kgo.Record{Topic: inTopic, Partition: 0, Key: []byte("card-1"),
 			Value: codec.EncodeTransaction(&codec.Transaction{EventID: id, EntityID: "card-1", AmountMinor: amount, Currency: "EUR", EventTime: et})}
 	}
-	txn := func(recs []*kgo.Record, end kgo.TransactionEndTry) {
-		t.Helper()
-		if err := cl.BeginTransaction(); err != nil {
-			t.Fatal(err)
-		}
-		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-		if err := cl.EndTransaction(ctx, end); err != nil {
-			t.Fatal(err)
-		}
-	}
+	txn := upstreamTxns(t, brokers)
 	var committed, aborted []*kgo.Record
 	for i := range 50 {
 		committed = append(committed, rec(fmt.Sprint("c", i), base+int64(i)*10, 100))

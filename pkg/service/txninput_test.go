@@ -13,6 +13,32 @@ import (
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 )
 
+// upstreamTxns is a transactional producer of the input, as a user's upstream
+// producer: each call produces recs in one transaction and commits or aborts it.
+func upstreamTxns(t *testing.T, brokers []string) func(recs []*kgo.Record, end kgo.TransactionEndTry) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.TransactionalID("upstream"),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return func(recs []*kgo.Record, end kgo.TransactionEndTry) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := cl.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.EndTransaction(ctx, end); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestTransactionalInputCountsCommittedRecordsOnly: the input's producer uses
 // transactions and aborts every other one. The records of the aborted ones and
 // the transaction markers take offsets of their own, and yield nothing
@@ -24,26 +50,7 @@ func TestTransactionalInputCountsCommittedRecordsOnly(t *testing.T) {
 		t.Run(fmt.Sprintf("exactly-once=%v", eos), func(t *testing.T) {
 			brokers := newCluster(t, 1)
 			st := streamtest.Generate(inTopic, 11, 600, 1)
-			cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.TransactionalID("upstream"),
-				kgo.RecordPartitioner(kgo.ManualPartitioner()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer cl.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			txn := func(recs []*kgo.Record, commit kgo.TransactionEndTry) {
-				t.Helper()
-				if err := cl.BeginTransaction(); err != nil {
-					t.Fatal(err)
-				}
-				if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-					t.Fatal(err)
-				}
-				if err := cl.EndTransaction(ctx, commit); err != nil {
-					t.Fatal(err)
-				}
-			}
+			txn := upstreamTxns(t, brokers)
 			evs := st.ByPart[0]
 			for i := 0; i < len(st.Records); i += 100 {
 				chunk := st.Records[i:min(i+100, len(st.Records))]
