@@ -52,6 +52,46 @@ func TestBrokerIsRealKafka(t *testing.T) {
 	}
 }
 
+// TestOldRecordsStay: test streams carry fixed event times, weeks behind the wall
+// clock, as their records' timestamps, so a topic under the default 7-day retention
+// loses them at the broker's next retention check, mid-test (a replay then fails with
+// OFFSET_OUT_OF_RANGE at offsets it listed a moment before). Both the harness's topics
+// and the topics the service creates, with the broker's defaults, must keep them.
+func TestOldRecordsStay(t *testing.T) {
+	t.Parallel()
+	addr := kafkatest.Broker(t)
+	adm := kafkatest.Admin(t, addr)
+	ctx := kafkatest.Context(t, 30*time.Second)
+
+	harness := kafkatest.CreateTopic(t, addr, 1, nil)
+	own := kafkatest.CreateTopic(t, addr, 1, map[string]string{"retention.ms": "3600000"})
+	brokerDefault := kafkatest.Topic(t)
+	if _, err := adm.CreateTopic(ctx, 1, -1, nil, brokerDefault); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = adm.DeleteTopic(context.Background(), brokerDefault) })
+
+	cfgs, err := adm.DescribeTopicConfigs(ctx, harness, own, brokerDefault)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{harness: "-1", own: "3600000", brokerDefault: "-1"}
+	for _, rc := range cfgs {
+		if rc.Err != nil {
+			t.Fatalf("describe %s: %v", rc.Name, rc.Err)
+		}
+		got := "unset"
+		for _, c := range rc.Configs {
+			if c.Key == "retention.ms" && c.Value != nil {
+				got = *c.Value
+			}
+		}
+		if got != want[rc.Name] {
+			t.Errorf("topic %s: retention.ms %s, want %s (the broker's log.retention.ms must be -1, as scripts/kafka-local.sh sets it)", rc.Name, got, want[rc.Name])
+		}
+	}
+}
+
 // TestProduceConsumeAcrossPartitions produces keyed records to a topic with several
 // partitions and reads them back with a consumer group: every record arrives once, each
 // key stays on one partition, offsets rise within a partition, and the group's committed

@@ -10,11 +10,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/parquet-go/parquet-go"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
@@ -402,6 +405,45 @@ func TestReplayTopicRanges(t *testing.T) {
 	}
 	if _, err := replay.OpenTopic(ctx, replay.TopicConfig{Brokers: kafkatest.Seeds(addr), Topic: in, Partitions: []int32{7}, From: replay.Start, To: replay.End}); err == nil {
 		t.Error("a partition the topic does not have was accepted")
+	}
+}
+
+// TestReplayRecordsDeletedWhileItRuns: a replay resolves its range against the
+// log start when it begins; records deleted after that (retention, DeleteRecords)
+// must fail the replay with an error that says so, not skip them as the default
+// offset reset would, nor pass on the broker's bare OFFSET_OUT_OF_RANGE.
+func TestReplayRecordsDeletedWhileItRuns(t *testing.T) {
+	t.Parallel()
+	addr := kafkatest.Broker(t)
+	const n = 400
+	in := kafkatest.CreateTopic(t, addr, 1, nil)
+	ctx := kafkatest.Context(t, time.Minute)
+	if err := kafkatest.Produce(ctx, replayProducer(t, addr), replayStream(in, n, 1)...); err != nil {
+		t.Fatal(err)
+	}
+	src, err := replay.OpenTopic(ctx, replay.TopicConfig{Brokers: kafkatest.Seeds(addr), Topic: in, From: replay.Start, To: replay.End})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := src.Range(0); r.From != 0 || r.To != n {
+		t.Fatalf("range %+v, want [0, %d)", r, n)
+	}
+	var del kadm.Offsets
+	del.Add(kadm.Offset{Topic: in, Partition: 0, At: n / 2})
+	resp, err := kafkatest.Admin(t, addr).DeleteRecords(ctx, del)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		t.Fatalf("delete records: %v", err)
+	}
+	read := 0
+	err = src.Read(ctx, 0, nil, func(*replay.Record) error { read++; return nil })
+	if !errors.Is(err, kerr.OffsetOutOfRange) || !strings.Contains(err.Error(), "records from offset 0 on, still to read, were deleted") {
+		t.Fatalf("read after the deletion: %v; want OFFSET_OUT_OF_RANGE explained as a deletion from offset 0", err)
+	}
+	if read != 0 {
+		t.Errorf("%d records read past a deletion that began at offset 0", read)
 	}
 }
 

@@ -165,6 +165,10 @@ group.initial.rebalance.delay.ms=0
 log.cleaner.backoff.ms=1000
 # The cleaner allocates this on heap at start (128 MiB by default); it must stay > 1 MiB.
 log.cleaner.dedupe.buffer.size=4194304
+# Test streams carry fixed event times, weeks behind the wall clock by now, as their
+# records' timestamps: the default 7-day retention would delete them at its next check
+# (every 5 min), in the middle of a test. Keep every record; tests delete with DeleteRecords.
+log.retention.ms=-1
 # Kafka 4 rejects timestamps more than 1 h ahead; synthetic test streams run ahead of the
 # wall clock, so allow 100 years.
 log.message.timestamp.after.max.ms=3153600000000

@@ -112,6 +112,7 @@ func startContainer() (addr string, stop func(), err error) {
 		"KAFKA_LOG_CLEANER_BACKOFF_MS":                           "1000",
 		"KAFKA_LOG_CLEANER_DEDUPE_BUFFER_SIZE":                   "4194304",
 		"KAFKA_LOG_MESSAGE_TIMESTAMP_AFTER_MAX_MS":               "3153600000000",
+		"KAFKA_LOG_RETENTION_MS":                                 "-1",
 		"KAFKA_HEAP_OPTS":                                        "-Xms64m -Xmx512m -XX:+UseSerialGC",
 	}
 	var hostAddr string

@@ -377,16 +377,17 @@ func Admin(t testing.TB, addr string) *kadm.Client {
 // broker's default replication factor and the given topic configs (nil for none), and
 // returns its name. It waits until every partition has a leader, and deletes the topic
 // when the test ends.
+//
+// Unless configs set retention.ms, the topic keeps every record (retention.ms=-1), on
+// any broker: test streams carry fixed event times as their timestamps, weeks old by
+// now, which time-based retention would delete at its next check, mid-test.
 func CreateTopic(t testing.TB, addr string, partitions int32, configs map[string]string) string {
 	t.Helper()
 	adm := Admin(t, addr)
 	name := Topic(t)
-	var cfg map[string]*string
-	if len(configs) > 0 {
-		cfg = make(map[string]*string, len(configs))
-		for k, v := range configs {
-			cfg[k] = kadm.StringPtr(v)
-		}
+	cfg := map[string]*string{"retention.ms": kadm.StringPtr("-1")}
+	for k, v := range configs {
+		cfg[k] = kadm.StringPtr(v)
 	}
 	ctx := Context(t, 30*time.Second)
 	if _, err := adm.CreateTopic(ctx, partitions, -1, cfg, name); err != nil {

@@ -360,6 +360,13 @@ func (s *TopicSource) Read(ctx context.Context, p int32, prog *Progress, fn func
 			// The fetcher stops early only when ctx ends.
 			return errors.Join(ctx.Err(), errors.New("fetching stopped"))
 		}
+		if errors.Is(b.err, kerr.OffsetOutOfRange) {
+			// The range was resolved against the log start when the replay
+			// began; only a deletion since (retention, DeleteRecords) moves
+			// the start past what is still to read.
+			return fmt.Errorf("fetch %s/%d: records from offset %d on, still to read, were deleted by retention or DeleteRecords while the replay ran: raise the topic's retention.ms or replay from a later --from (%w)",
+				s.cfg.Topic, p, done, b.err)
+		}
 		if b.err != nil {
 			return fmt.Errorf("fetch %s/%d: %w", s.cfg.Topic, p, b.err)
 		}
