@@ -50,7 +50,7 @@ test-unit:
 	echo "make: unit tests (go test -race -v; VELOCITY_REQUIRE_PYTHON=$$VELOCITY_REQUIRE_PYTHON)"; \
 	set +e; \
 	$(GO) test -race -v -timeout $(UNIT_TIMEOUT) $(GOTESTFLAGS) ./... 2>&1 | tee "$$log" | \
-		grep --line-buffered -E '^(ok|FAIL|\?|panic:)|^--- FAIL'; \
+		grep --line-buffered -E '^(ok|FAIL|\?|panic:|fatal error:|WARNING: DATA RACE|testing: race detected outside)|^--- FAIL'; \
 	rc=$${PIPESTATUS[0]}; set -e; \
 	scripts/skipped-tests.sh "$$log"; \
 	if [[ $$rc -ne 0 ]]; then scripts/failed-tests.sh "$$log" || true; fi; \

@@ -494,12 +494,6 @@ func (w *worker) process(b batch) {
 	}
 }
 
-// updatePressure asks the poll loop to pause fetching this partition above the
-// high marks, and to resume it below the low marks. It runs after every batch
-// and on every tick: a paused partition gets no batches, so only the tick sees
-// its produce acknowledgements arrive or its reorder buffer drain. A change
-// wakes the poll loop, which may be waiting on a poll that, with every
-// partition paused, would never return.
 // idleVerdict reports whether the partition's input is quiet: whether the idle
 // rule may release its reorder buffer, and a re-keyed group's first stage tell
 // its second stages so. The idle rule (no record for --idle-timeout) must hold,
@@ -554,6 +548,12 @@ type idleAnswer struct {
 	end int64
 }
 
+// updatePressure asks the poll loop to pause fetching this partition above the
+// high marks, and to resume it below the low marks. It runs after every batch
+// and on every tick: a paused partition gets no batches, so only the tick sees
+// its produce acknowledgements arrive or its reorder buffer drain. A change
+// wakes the poll loop, which may be waiting on a poll that, with every
+// partition paused, would never return.
 func (w *worker) updatePressure() {
 	pressure := len(w.held) > 0 || w.proc.Pressure() || w.tracker.PendingBytes() > w.s.cfg.MaxPendingProduceBytes
 	if !pressure && w.wantPause.Load() {
