@@ -774,8 +774,13 @@ func (r *run) fault(p phase) {
 		time.Sleep(p.Dur)
 		r.each(p.Slot, func(in *instance) { tl.logf("SIGCONT %s", in.name); in.signal(syscall.SIGCONT) })
 	case faultNetCut:
-		tl.logf("cut instance %d off from the brokers (its query API stays reachable)", p.Slot)
-		r.links[p.Slot].Cut()
+		if p.Nodes == 0 {
+			tl.logf("cut instance %d off from the brokers (its query API stays reachable)", p.Slot)
+			r.links[p.Slot].Cut()
+		} else {
+			tl.logf("cut instance %d off from broker node %s only (its query API stays reachable)", p.Slot, nodeNames(p.Nodes))
+			r.links[p.Slot].CutNodes(p.Nodes.list()...)
+		}
 		time.Sleep(p.Dur)
 		tl.logf("heal instance %d's network path to the brokers", p.Slot)
 		r.links[p.Slot].Heal()

@@ -24,7 +24,7 @@ const (
 	faultGraceful             // SIGTERM every running instance at At, start them again Dur later (a quiet phase: no new input)
 	faultNodeFreeze           // a cluster only: SIGSTOP the node in Nodes at At, SIGCONT Dur later (Dur > the brokers' session with the controller)
 	faultRolling              // a cluster only: from At, stop and restart every node in turn, Nodes first, each once the others are in sync
-	faultNetCut               // cut instance Slot's network path to the brokers at At, heal it Dur later (Dur > --session-timeout); its API stays reachable
+	faultNetCut               // cut instance Slot's network path to the brokers (of a cluster: to the Nodes only, if any) at At, heal it Dur later (Dur > --session-timeout); its API stays reachable
 )
 
 func (k faultKind) String() string {
@@ -41,8 +41,9 @@ type phase struct {
 	At      time.Duration
 	Slot    int           // the instance of faultKill and faultFreeze
 	Dur     time.Duration // restart delay, freeze length or broker downtime
-	// Nodes are the cluster nodes of faultBroker and faultNodeFreeze; none
-	// with a single broker.
+	// Nodes are the cluster nodes of faultBroker and faultNodeFreeze, and of
+	// a partial faultNetCut (none: a cut from every node); none with a single
+	// broker.
 	Nodes nodeSet
 	// Pause > 0: the burst's input stops PauseAt into it for Pause, longer
 	// than --idle-timeout, then goes on where it was (no new alignment): the
@@ -69,7 +70,11 @@ func (p phase) String() string {
 	case faultFreeze:
 		fmt.Fprintf(&b, "; at +%s SIGSTOP instance %d, SIGCONT %s later", p.At, p.Slot, p.Dur)
 	case faultNetCut:
-		fmt.Fprintf(&b, "; at +%s cut instance %d off from the brokers, heal it %s later", p.At, p.Slot, p.Dur)
+		if p.Nodes == 0 {
+			fmt.Fprintf(&b, "; at +%s cut instance %d off from the brokers, heal it %s later", p.At, p.Slot, p.Dur)
+		} else {
+			fmt.Fprintf(&b, "; at +%s cut instance %d off from broker node %s only, heal it %s later", p.At, p.Slot, nodeNames(p.Nodes), p.Dur)
+		}
 	case faultBroker:
 		if p.Nodes == 0 {
 			fmt.Fprintf(&b, "; at +%s SIGKILL the broker, restart it %s later", p.At, p.Dur)
@@ -237,6 +242,15 @@ func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
 				// As a freeze, but the instance runs on, cut off.
 				p.At = time.Duration(nrng.Int64N(int64(p.Length/2) + 1)).Round(time.Millisecond)
 				p.Slot, p.Dur = nrng.IntN(running), pt.session+time.Duration(1500+nrng.IntN(3501))*time.Millisecond
+				if pt.nodes > 1 && crng.IntN(2) == 0 {
+					// Half of a cluster's cuts are partial: from one node
+					// only, the instance reaching the others. Cut from the
+					// group coordinator's node, it falls out of the group
+					// while it still fetches and produces: an old owner that
+					// does not know it; from a leader's, those partitions
+					// stall while it stays their owner.
+					p.Nodes = nodesOf(crng.IntN(pt.nodes))
+				}
 			case faultFreeze:
 				// 1.5-5 s past the session timeout: the new owner needs a few
 				// seconds after the rebalance to commit past the frozen state.
@@ -409,7 +423,7 @@ func TestChaosSchedule(t *testing.T) {
 	// single broker's schedules are what they were before clusters.)
 	cp := pt
 	cp.nodes, cp.nodeSession = 3, 9*time.Second
-	restarts, doubles := 0, 0
+	restarts, doubles, cuts, partial := 0, 0, 0, 0
 	for seed := uint64(1); seed <= 200; seed++ {
 		c := makeSchedule(seed, 3*time.Minute, cp)
 		freezes, brokers, rolling := 0, 0, 0
@@ -435,6 +449,13 @@ func TestChaosSchedule(t *testing.T) {
 				if len(n) == 2 {
 					doubles++
 				}
+			case faultNetCut:
+				cuts++
+				if n := p.Nodes.list(); len(n) > 1 || len(n) == 1 && n[0] >= cp.nodes {
+					t.Fatalf("seed %d phase %d: %s: want a cut from every node or from one", seed, i, p)
+				} else if len(n) == 1 {
+					partial++
+				}
 			default:
 				if p.Nodes != 0 {
 					t.Fatalf("seed %d phase %d: %s names nodes", seed, i, p)
@@ -447,6 +468,9 @@ func TestChaosSchedule(t *testing.T) {
 	}
 	if doubles*5 < restarts || doubles*2 > restarts {
 		t.Errorf("%d of %d broker restarts killed two nodes, want about a third", doubles, restarts)
+	}
+	if partial*3 < cuts || partial*3 > 2*cuts {
+		t.Errorf("%d of %d network cuts on a cluster were from one node only, want about half", partial, cuts)
 	}
 	one := makeSchedule(1, 0, pt)
 	t.Logf("a one-round schedule plans %s:\n%s", one.length(), one)

@@ -26,7 +26,19 @@ func (l *Link) Cut() {
 	}
 }
 
-// Heal lets the link carry traffic again.
+// CutNodes stops every byte through the link to the nodes of the given indexes (0 for
+// the cluster's first node, whose node.id is 1), and to those only: a partial network
+// partition, in which the client still reaches the other nodes. Indexes past the
+// cluster's nodes are ignored.
+func (l *Link) CutNodes(nodes ...int) {
+	for _, i := range nodes {
+		if i >= 0 && i < len(l.proxies) {
+			l.proxies[i].setCut(true)
+		}
+	}
+}
+
+// Heal lets the link carry traffic again, to every node.
 func (l *Link) Heal() {
 	for _, p := range l.proxies {
 		p.setCut(false)
