@@ -11,10 +11,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/velocity-consumer/velocity-consumer/internal/streamtest"
 	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
+	"github.com/velocity-consumer/velocity-consumer/pkg/metrics"
 )
 
 // losingStore is a file store that, once lose is set, has lost the dedupe
@@ -289,4 +292,58 @@ func TestSweepKafkaStore(t *testing.T) {
 	produce(t, brokers, streamtest.Generate(inTopic, 8, 1100, 1).Records[1000:])
 	startService(t, cfg)
 	readOutputs(t, brokers, 1100, 30*time.Second)
+}
+
+// slowSweepStore is a memory store whose segment listing, the first step of a
+// sweep, waits until the gate opens: a sweep against a slow store.
+type slowSweepStore struct {
+	*checkpoint.MemoryStore
+	gate             chan struct{}
+	entered, through atomic.Bool
+}
+
+func (s *slowSweepStore) ListSegments(ctx context.Context, key checkpoint.Key) ([]checkpoint.SegmentInfo, error) {
+	s.entered.Store(true)
+	<-s.gate
+	defer s.through.Store(true)
+	return s.MemoryStore.ListSegments(ctx, key)
+}
+
+// TestRunWaitsForItsBackgroundWork: a segment sweep runs beside the partition
+// (sweepSegments), and Run returned while one still ran: the process's exit
+// cut it off, and in tests it logged for a test that had ended, which the race
+// detector reports outside any test. Run now waits for it (up to
+// bgShutdownWait).
+func TestRunWaitsForItsBackgroundWork(t *testing.T) {
+	brokers := newCluster(t, 1)
+	st := streamtest.Generate(inTopic, 8, 300, 1)
+	produce(t, brokers, st.Records)
+	store := &slowSweepStore{MemoryStore: checkpoint.NewMemoryStore(), gate: make(chan struct{})}
+	svc, err := New(testConfig(t, brokers, store), zaptest.NewLogger(t), metrics.New(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	waitFor(t, "a segment sweep to start", 30*time.Second, store.entered.Load)
+	cancel()
+	select {
+	case err := <-done:
+		t.Fatalf("Run returned (%v) while a segment sweep still ran", err)
+	case <-time.After(time.Second):
+	}
+	close(store.gate)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(bgShutdownWait + 5*time.Second):
+		t.Fatal("Run did not return once the sweep was through")
+	}
+	if !store.through.Load() {
+		t.Fatal("Run returned before the sweep's listing was through")
+	}
 }

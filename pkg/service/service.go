@@ -247,6 +247,12 @@ type Service struct {
 	retakes map[int32]*retake
 	// wakePoll ends the poll in progress (under mu).
 	wakePoll context.CancelFunc
+	// bg counts the goroutines Run starts besides its workers (the watchers,
+	// idle checks, segment sweeps and deletions): Run waits for them before it
+	// returns (bgWait), so that none is cut off by the process's exit or goes
+	// on logging for a service that has stopped. Every one is started before
+	// the workers are stopped, by a goroutine bg or Run already counts.
+	bg sync.WaitGroup
 	// inputTopicID is the input topic's id for exactly-once offset commits
 	// (under mu; refreshInputTopicID).
 	inputTopicID [16]byte
@@ -460,14 +466,14 @@ func (s *Service) Run(ctx context.Context) error {
 	// Before any worker can start (they wait for setUp): every read checks it.
 	s.stall.arm(stallLimit(s.cfg.SessionTimeout))
 	close(s.setUp)
-	go s.watchStalls(ctx)
+	s.bg.Go(func() { s.watchStalls(ctx) })
 	s.log.Info("consuming", zap.String("group", s.cfg.Group), zap.String("input", s.cfg.InputTopic),
 		zap.String("output", s.cfg.OutputTopic), zap.String("dlq", s.cfg.DLQTopic), zap.Bool("exactly_once", s.cfg.ExactlyOnce))
 
 	// Ready once the cluster answered and the group consumer is running: an
 	// input topic with nothing new to read is a healthy, ready service.
 	s.ready.Store(true)
-	go s.watchProgress(ctx)
+	s.bg.Go(func() { s.watchProgress(ctx) })
 	s.pollLoop(ctx)
 
 	// Graceful shutdown: checkpoint every partition we own, then leave the group.
@@ -479,7 +485,25 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	s.cons.Close()
 	s.closeFenced(nil)
+	s.bgWait(bgShutdownWait)
 	return s.Healthy()
+}
+
+// bgShutdownWait bounds how long Run waits for its background goroutines at the
+// end: a segment deletion against a slow store may take up to its own minute,
+// and only leaves garbage if cut off.
+const bgShutdownWait = 10 * time.Second
+
+// bgWait waits up to d for the goroutines bg counts.
+func (s *Service) bgWait(d time.Duration) {
+	done := make(chan struct{})
+	go func() { s.bg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		s.log.Warn("stopping without waiting any longer for background work (a dedupe segment sweep or deletion); what it had not deleted stays as garbage",
+			zap.Duration("waited", d))
+	}
 }
 
 // clientOpts are the options of every client the service opens, after its

@@ -289,12 +289,12 @@ func (s *Service) watchStalls(ctx context.Context) {
 		if every > 0 && !asking && now.Sub(lastAsk) >= every {
 			asking, lastAsk = true, now
 			n := g.stalls.Load()
-			go func() {
+			s.bg.Go(func() {
 				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 				defer cancel()
 				err := confirm(cctx)
 				answers <- answer{n, now, err}
-			}()
+			})
 		}
 	}
 }

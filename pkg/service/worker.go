@@ -526,7 +526,7 @@ func (w *worker) idleVerdict() bool {
 	if quiet && !w.idleChecking {
 		w.idleChecking = true
 		s, p, out, gen := w.s, w.part, w.idleCheck, w.quietGen
-		go func() {
+		s.bg.Go(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			end := int64(-1)
@@ -536,7 +536,7 @@ func (w *worker) idleVerdict() bool {
 				}
 			}
 			out <- idleAnswer{gen, end}
-		}()
+		})
 	}
 	return false
 }
@@ -1028,7 +1028,7 @@ func (w *worker) sweepSegments() {
 	}
 	w.lastSweep = time.Now()
 	key := w.s.key(w.part)
-	go func() {
+	w.s.bg.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		n, err := sweepUnlisted(ctx, ls, key, time.Now())
@@ -1038,7 +1038,7 @@ func (w *worker) sweepSegments() {
 		if n > 0 {
 			w.s.log.Info("deleted dedupe segments no snapshot lists", zap.Int32("partition", w.part), zap.Int("segments", n))
 		}
-	}()
+	})
 }
 
 // sweepUnlisted deletes key's segments older than segmentSweepAge at now that
@@ -1101,7 +1101,7 @@ func (w *worker) deleteSegments(refs [][]byte) {
 		return
 	}
 	key := w.s.key(w.part)
-	go func() {
+	w.s.bg.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		for _, ref := range refs {
@@ -1110,7 +1110,7 @@ func (w *worker) deleteSegments(refs [][]byte) {
 					zap.Int32("partition", w.part), zap.Error(err))
 			}
 		}
-	}()
+	})
 }
 
 func (w *worker) commit(ctx context.Context, next int64) error {
