@@ -11,8 +11,6 @@ import (
 
 	"github.com/linkedin/goavro/v2"
 
-	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
-	"github.com/velocity-consumer/velocity-consumer/pkg/definition"
 	"github.com/velocity-consumer/velocity-consumer/pkg/repartition"
 	"github.com/velocity-consumer/velocity-consumer/pkg/watermark"
 )
@@ -92,23 +90,7 @@ func TestMemoryPerEntityGroups(t *testing.T) {
 			for groups := 1; groups <= 3; groups++ {
 				name := fmt.Sprintf("%d cards, %d events over %v, dedupe horizon %v, %d groups", c.cards, c.events, c.span, dedupe, groups)
 				t.Run(name, func(t *testing.T) {
-					d, err := definition.LoadFile(benchGroupsDef)
-					if err != nil {
-						t.Fatal(err)
-					}
-					d.Groups = d.Groups[:groups-1]
-					schema, err := os.ReadFile(d.SchemaFile())
-					if err != nil {
-						t.Fatal(err)
-					}
-					comp, err := definition.Compile(d, string(schema), codec.DefaultLimits())
-					if err != nil {
-						t.Fatal(err)
-					}
-					specs, err := definition.EngineSpecs(d)
-					if err != nil {
-						t.Fatal(err)
-					}
+					comp, specs := compileBenchGroups(t, groups-1)
 					base := heapAfterGC()
 					var hc *HopConfig
 					second := make([][]*Processor, groups-1)
@@ -127,6 +109,7 @@ func TestMemoryPerEntityGroups(t *testing.T) {
 					}
 					var first [benchSources]*Processor
 					for src := range first {
+						var err error
 						if first[src], err = New(Config{Topic: "payments", Partition: int32(src), Specs: specs[0].Spec.Windows, Decoder: comp.Decoder(), Features: specs[0].Spec,
 							Hops: hc, Watermark: watermark.Config{AllowedLateness: 1000, DedupeHorizon: dedupe.Milliseconds()}}, 0); err != nil {
 							t.Fatal(err)

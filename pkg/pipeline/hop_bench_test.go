@@ -109,23 +109,7 @@ func paymentBenchStream(b testing.TB, n int) (parts [benchSources][][]byte) {
 func BenchmarkGroups(b *testing.B) {
 	for _, groups := range []int{0, 1, 2} {
 		b.Run(fmt.Sprintf("groups=%d", groups), func(b *testing.B) {
-			d, err := definition.LoadFile(benchGroupsDef)
-			if err != nil {
-				b.Fatal(err)
-			}
-			d.Groups = d.Groups[:groups]
-			schema, err := os.ReadFile(d.SchemaFile())
-			if err != nil {
-				b.Fatal(err)
-			}
-			comp, err := definition.Compile(d, string(schema), codec.DefaultLimits())
-			if err != nil {
-				b.Fatal(err)
-			}
-			specs, err := definition.EngineSpecs(d)
-			if err != nil {
-				b.Fatal(err)
-			}
+			comp, specs := compileBenchGroups(b, groups)
 			var hc *HopConfig
 			second := make([][]*Processor, groups)
 			if groups > 0 {
@@ -143,6 +127,7 @@ func BenchmarkGroups(b *testing.B) {
 			}
 			var first [benchSources]*Processor
 			for src := range first {
+				var err error
 				if first[src], err = New(Config{Topic: "payments", Partition: int32(src), Decoder: comp.Decoder(), Features: specs[0].Spec,
 					Hops: hc, Watermark: watermark.Config{AllowedLateness: 1000}}, 0); err != nil {
 					b.Fatal(err)
@@ -177,14 +162,7 @@ func BenchmarkGroups(b *testing.B) {
 // the service takes it: BeginSnapshot into the buffer the last one gave back, Step,
 // Finish, EndSnapshot.
 func BenchmarkSecondStageCheckpoint(b *testing.B) {
-	d, err := definition.LoadFile(benchGroupsDef)
-	if err != nil {
-		b.Fatal(err)
-	}
-	specs, err := definition.EngineSpecs(d)
-	if err != nil {
-		b.Fatal(err)
-	}
+	_, specs := compileBenchGroups(b, -1)
 	gs := specs[1]
 	p, err := New(Config{Topic: "__velocity-repartition-bench-" + gs.Name, Features: gs.Spec, Merge: &MergeConfig{Group: gs.Name, Sources: benchSources}}, 0)
 	if err != nil {
@@ -221,4 +199,31 @@ func BenchmarkSecondStageCheckpoint(b *testing.B) {
 		buf = ps.Bytes()
 	}
 	b.ReportMetric(float64(cpuclock.Nanos()-cpu0)/float64(b.N), "cpu-ns/op")
+}
+
+// compileBenchGroups compiles benchGroupsDef keeping its first keep re-keyed
+// groups (all when keep < 0): its decoder, and the engine spec of every group,
+// the in-place group first.
+func compileBenchGroups(tb testing.TB, keep int) (*definition.Compiled, []definition.GroupSpec) {
+	tb.Helper()
+	d, err := definition.LoadFile(benchGroupsDef)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if keep >= 0 {
+		d.Groups = d.Groups[:keep]
+	}
+	schema, err := os.ReadFile(d.SchemaFile())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	comp, err := definition.Compile(d, string(schema), codec.DefaultLimits())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	specs, err := definition.EngineSpecs(d)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return comp, specs
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"testing"
 
@@ -486,22 +485,7 @@ func TestFirstStageWakeUpReachesEveryRepartitionPartition(t *testing.T) {
 // the same decoder copying them, with every input's bytes overwritten as soon as
 // Process returns.
 func TestBorrowedKeysChangeNothing(t *testing.T) {
-	d, err := definition.LoadFile(benchGroupsDef)
-	if err != nil {
-		t.Fatal(err)
-	}
-	schema, err := os.ReadFile(d.SchemaFile())
-	if err != nil {
-		t.Fatal(err)
-	}
-	comp, err := definition.Compile(d, string(schema), codec.DefaultLimits())
-	if err != nil {
-		t.Fatal(err)
-	}
-	specs, err := definition.EngineSpecs(d)
-	if err != nil {
-		t.Fatal(err)
-	}
+	comp, specs := compileBenchGroups(t, -1)
 	if _, ok := comp.Decoder().(codec.BorrowingDecoder); !ok {
 		t.Fatal("a definition's decoder does not borrow: nothing to test")
 	}

@@ -1,7 +1,6 @@
 package service
 
 import (
-	"context"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -139,15 +138,7 @@ func TestIdleRuleWaitsForTheRestOfAPartialPoll(t *testing.T) {
 			time.Sleep(10 * cfg.Watermark.IdleTimeout)
 		}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	runUntilCleanup(t, svc)
 
 	got := readOutputs(t, brokers, n, 60*time.Second)
 	// In (event time, offset) order the older event comes after offset
