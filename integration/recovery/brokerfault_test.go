@@ -7,10 +7,13 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/velocity-consumer/velocity-consumer/integration/kafkatest"
 )
@@ -40,7 +43,40 @@ func TestServiceRidesOutBrokerFaults(t *testing.T) {
 	const n = 60_000
 	recs := genStream(23, n)
 
-	clean, alo, eos := faultScenarios(t, addr, input)
+	clean, alo, eos := faultScenarios(t, addr, input, nil)
+	rideOutCrashAndStall(t, ctx, b, input, recs, clean, alo, eos)
+}
+
+// TestServiceRidesOutBrokerFaultsOverSASL: the same faults, with every instance
+// a client of a managed cluster's kind: SASL_SSL, SCRAM-SHA-512, a CA of the
+// test's own. Each reconnection there is a TLS handshake and a SASL exchange,
+// and a connection the restarting broker drops during them must read as the
+// outage it is, not as credentials refused.
+func TestServiceRidesOutBrokerFaultsOverSASL(t *testing.T) {
+	b := kafkatest.StartSecureBroker(t)
+	ctx := kafkatest.Context(t, 6*time.Minute)
+	input := kafkatest.CreateTopic(t, b.Addr, recPartitions, map[string]string{"retention.ms": "-1"})
+	pw := filepath.Join(t.TempDir(), "sasl-password")
+	if err := os.WriteFile(pw, []byte(b.ScramPassword+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	clean, alo, eos := faultScenarios(t, b.Addr, input, &via{addr: b.SASLAddr, flags: []string{
+		"--tls-ca-file", b.CAFile, "--sasl-mechanism", "SCRAM-SHA-512", "--sasl-username", b.ScramUser, "--sasl-password-file", pw}})
+	rideOutCrashAndStall(t, ctx, b.PrivateBroker, input, genStream(29, 30_000), clean, alo, eos)
+	for _, in := range append(append([]*instance(nil), alo.instances...), eos.instances...) {
+		if log, _ := os.ReadFile(in.logs); !bytes.Contains(log, []byte("SASL_SSL (SCRAM-SHA-512")) {
+			t.Errorf("%s: the log does not say the instance connected over SASL_SSL:\n%s", in.logs, tailLog(in.logs, 10))
+		}
+	}
+}
+
+// rideOutCrashAndStall starts the faulted groups, produces recs into input
+// over 40 s (through b's PLAINTEXT listener), kills the broker a quarter of
+// the way and restarts it 2 s later, freezes it past --session-timeout two
+// thirds of the way, and holds the groups to the clean one (checkRodeOut).
+func rideOutCrashAndStall(t *testing.T, ctx context.Context, b *kafkatest.PrivateBroker, input string, recs []*kgo.Record, clean, alo, eos *scenario) {
+	t.Helper()
+	addr, n := b.Addr, len(recs)
 	for _, in := range append(append([]*instance(nil), alo.instances...), eos.instances...) {
 		in.start()
 	}
@@ -68,19 +104,31 @@ func TestServiceRidesOutBrokerFaults(t *testing.T) {
 	checkRodeOut(t, ctx, addr, input, clean, alo, eos)
 }
 
+// via is how the instances reach the brokers when not as the test does: another
+// listener, and the flags of its security.
+type via struct {
+	addr  string
+	flags []string
+}
+
 // faultScenarios are a broker-fault test's three groups on input, none started: clean
 // (default mode, file store; checkRodeOut starts it after the faults), alo (default
 // mode, file store) and eos (two exactly-once instances, kafka store on the same
-// cluster). Every instance is killed when t ends.
-func faultScenarios(t *testing.T, addr, input string) (clean, alo, eos *scenario) {
+// cluster). Topics are created through addr; the instances connect through v, if
+// given, else addr too. Every instance is killed when t ends.
+func faultScenarios(t *testing.T, addr, input string, v *via) (clean, alo, eos *scenario) {
 	t.Helper()
 	bin := buildBinary(t)
 	keep := map[string]string{"retention.ms": "-1"}
 	mk := func(name string, eos bool, store string, count int) *scenario {
 		sc := &scenario{name: name, eos: eos, group: kafkatest.Group(t), store: store,
 			out: kafkatest.CreateTopic(t, addr, recPartitions, keep), dlq: kafkatest.CreateTopic(t, addr, 1, keep)}
+		args := sc.args(addr, input)
+		if v != nil {
+			args = append(sc.args(v.addr, input), v.flags...)
+		}
 		for i := range count {
-			sc.instances = append(sc.instances, newInstance(t, bin, fmt.Sprintf("%s-%d", sc.name, i), sc.args(addr, input)))
+			sc.instances = append(sc.instances, newInstance(t, bin, fmt.Sprintf("%s-%d", sc.name, i), args))
 		}
 		return sc
 	}

@@ -41,7 +41,7 @@ func TestServiceRidesOutClusterFaults(t *testing.T) {
 	const n = 60_000
 	recs := genStream(29, n)
 
-	clean, alo, eos := faultScenarios(t, addr, input)
+	clean, alo, eos := faultScenarios(t, addr, input, nil)
 	for _, in := range append(append([]*instance(nil), alo.instances...), eos.instances...) {
 		in.start()
 	}
