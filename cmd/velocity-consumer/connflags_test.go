@@ -230,3 +230,27 @@ func httpStatus(t *testing.T, addr, path string) int {
 	resp.Body.Close()
 	return resp.StatusCode
 }
+
+// A start waits for a schema registry that refuses connections (a registry
+// restarting), and a stop while it waits (SIGTERM: the context ends) is a clean
+// exit: nothing was read, there is nothing to checkpoint.
+func TestRunStoppedWhileWaitingForTheRegistry(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := "http://" + l.Addr().String()
+	l.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	time.AfterFunc(700*time.Millisecond, cancel)
+	begin := time.Now()
+	err = cmdRun(ctx, []string{"--brokers", "127.0.0.1:1", "--input-topic", "in", "--output-topic", "out", "--dlq-topic", "dlq",
+		"--group", "g", "--checkpoint-store", "memory", "--schema-registry", refused, "--metrics-addr", "", "--log-level", "error"})
+	if err != nil {
+		t.Fatalf("run stopped while waiting for the registry: %v, want a clean stop", err)
+	}
+	if waited := time.Since(begin); waited < 600*time.Millisecond {
+		t.Fatalf("run returned after %s, before it was stopped: it did not wait for the registry", waited)
+	}
+}

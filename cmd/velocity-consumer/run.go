@@ -248,7 +248,14 @@ func cmdRun(ctx context.Context, args []string) error {
 		defer apiLn.Close()
 	}
 	cfg.ClientOpts = append(cfg.ClientOpts, apiS.clientOpt()...)
+	// A SIGTERM while the start waits for the registry is a stop like any
+	// other: nothing has been read, so there is nothing to checkpoint, and the
+	// exit is a clean one.
 	if err := r.useRegistry(ctx, &cfg, log); err != nil {
+		if ctx.Err() != nil {
+			log.Info("stopped while waiting for the schema registry", zap.Error(err))
+			return nil
+		}
 		return err
 	}
 
@@ -256,6 +263,10 @@ func cmdRun(ctx context.Context, args []string) error {
 	if len(cfg.Hops) > 0 {
 		prefixes, err := r.groupPrefixes(ctx, log)
 		if err != nil {
+			if ctx.Err() != nil {
+				log.Info("stopped while waiting for the schema registry", zap.Error(err))
+				return nil
+			}
 			return err
 		}
 		if groupCfgs, err = r.groupConfigs(cfg, prefixes); err != nil {

@@ -145,14 +145,40 @@ func AppendHeader(dst []byte, id int) []byte {
 // already has it (registering an identical schema is idempotent in the
 // Confluent API and returns the existing id), and returns its id and the
 // prefix for values written with it. A registry that refuses the schema, for
-// instance as incompatible with the subject's previous version, is an error
-// the operator must resolve; it is returned with the registry's message.
+// instance as incompatible with the subject's previous version, or refuses our
+// credentials, is an error the operator must resolve; it is returned at once,
+// with the registry's message. A registry that cannot be reached or answers
+// 5xx or 429 (restarting, overloaded) is asked again, 100 ms after the first
+// failure and up to every 2 s, until ctx ends: a process that starts during a
+// registry's restart waits for it instead of exiting.
 func RegisterOutput(ctx context.Context, cl *sr.Client, subject, schema string) (id int, header []byte, err error) {
-	ss, err := cl.CreateSchema(ctx, subject, sr.Schema{Schema: schema, Type: sr.TypeAvro})
-	if err != nil {
-		return 0, nil, fmt.Errorf("register the output schema under subject %q: %w", subject, err)
+	backoff := 100 * time.Millisecond
+	for {
+		ss, err := cl.CreateSchema(ctx, subject, sr.Schema{Schema: schema, Type: sr.TypeAvro})
+		if err == nil {
+			return ss.ID, AppendHeader(nil, ss.ID), nil
+		}
+		if !unavailable(err) || ctx.Err() != nil {
+			return 0, nil, fmt.Errorf("register the output schema under subject %q: %w", subject, err)
+		}
+		select {
+		case <-ctx.Done():
+			return 0, nil, fmt.Errorf("register the output schema under subject %q: %w", subject, err)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
 	}
-	return ss.ID, AppendHeader(nil, ss.ID), nil
+}
+
+// unavailable reports whether err says the registry could not answer now (not
+// reachable, 5xx, 429) rather than no: a 4xx answer (incompatible schema,
+// credentials refused, bad request) is a fact a retry does not change.
+func unavailable(err error) bool {
+	var re *sr.ResponseError
+	if errors.As(err, &re) {
+		return re.StatusCode >= 500 || re.StatusCode == http.StatusTooManyRequests
+	}
+	return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
 }
 
 // transient reports whether err from the registry may go away by itself: the

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -326,10 +327,75 @@ func TestRegisterOutput(t *testing.T) {
 		t.Fatalf("registered schema %d not served: %v", id1, err)
 	}
 	s.Down()
-	if _, _, err := RegisterOutput(ctx, cl, "features-value", schemas.VelocityFeatures); err == nil ||
+	dctx, cancel := context.WithTimeout(ctx, 700*time.Millisecond)
+	defer cancel()
+	if _, _, err := RegisterOutput(dctx, cl, "features-value", schemas.VelocityFeatures); err == nil ||
 		!strings.Contains(err.Error(), `subject "features-value"`) {
-		t.Fatalf("RegisterOutput with the registry down: %v, want an error naming the subject", err)
+		t.Fatalf("RegisterOutput with the registry down until its deadline: %v, want an error naming the subject", err)
 	}
+}
+
+// A registry that is down, restarting or overloaded when the service starts is
+// waited for within the start's bound; one that answers no (credentials,
+// incompatible schema) fails the start at once.
+func TestRegisterOutputWaitsForTheRegistry(t *testing.T) {
+	s := startServer(t)
+	cl := s.client(t)
+	for _, tc := range []struct {
+		name  string
+		setup func(t *testing.T) // before RegisterOutput; the registry is up
+		want  string             // "": registered
+		fast  bool               // fails well before the deadline
+	}{
+		{"down, then back", func(t *testing.T) {
+			s.Down()
+			time.AfterFunc(600*time.Millisecond, func() { s.Up(t) })
+		}, "", false},
+		{"answering 503, then 200", func(t *testing.T) {
+			var n atomic.Int32
+			s.Reg.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
+				if n.Add(1) > 3 {
+					return false
+				}
+				w.WriteHeader(http.StatusServiceUnavailable)
+				w.Write([]byte(`{"error_code":50301,"message":"restarting"}`))
+				return true
+			})
+		}, "", false},
+		{"credentials refused", func(t *testing.T) {
+			s.Reg.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
+				w.WriteHeader(http.StatusUnauthorized)
+				w.Write([]byte(`{"error_code":401,"message":"Unauthorized"}`))
+				return true
+			})
+		}, "Unauthorized", true},
+		{"an incompatible schema", func(t *testing.T) {
+			s.Reg.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
+				w.WriteHeader(http.StatusConflict)
+				w.Write([]byte(`{"error_code":409,"message":"Schema being registered is incompatible with an earlier schema"}`))
+				return true
+			})
+		}, "incompatible", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s.Up(t)
+			s.Reg.ClearInterceptors()
+			tc.setup(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			begin := time.Now()
+			_, _, err := RegisterOutput(ctx, cl, "waits-value", schemas.VelocityFeatures)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("RegisterOutput: %v, want it to wait for the registry", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("RegisterOutput: %v, want an error with %q", err, tc.want)
+			case tc.fast && time.Since(begin) > 5*time.Second:
+				t.Fatalf("RegisterOutput took %s to fail on a definite no", time.Since(begin))
+			}
+		})
+	}
+	s.Reg.ClearInterceptors()
 }
 
 func TestNewClientRefusesBadURLs(t *testing.T) {
