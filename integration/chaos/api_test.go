@@ -622,13 +622,13 @@ func (r *run) apiModel(ends map[int32]int64, replay map[srcKey][]output, gen map
 		return nil, err
 	}
 	if r.v.features == "" {
-		return newAPIModel(ends, replay, gen, r.prod.gen.txs, specs, nil)
+		return newAPIModel(ends, replay, gen, r.prod.gen.txs, specs, nil, r.sched.Late)
 	}
 	def, err := definition.LoadFile(r.v.features)
 	if err != nil {
 		return nil, err
 	}
-	return newAPIModel(ends, replay, gen, r.prod.gen.txs, specs, def)
+	return newAPIModel(ends, replay, gen, r.prod.gen.txs, specs, def, r.sched.Late)
 }
 
 // velocitySpecs are the windows of the velocity endpoint: the definition's, or

@@ -41,6 +41,8 @@ type accEvent struct {
 	tx      genTx
 	prefMax int64 // the largest event time accepted at or before it: maxSeen after it
 	sweep   int64 // the partition's last sweep after it
+	late    bool  // behind the watermark: counted at once, under --late=apply (late_test.go)
+	rel     int64 // the input offset at which replay counts it (replayOrder)
 }
 
 // partModel is one input partition's accepted events.
@@ -58,6 +60,7 @@ type apiModel struct {
 	specs []window.Spec
 	def   *definition.Definition // nil without --features
 	label string                 // "<version>@<hash>": what "definition" says
+	late  string                 // the --late policy: "dlq" or "apply"
 }
 
 // newAPIModel builds the model of the input below ends: an offset is accepted
@@ -65,8 +68,8 @@ type apiModel struct {
 // generator's (by the id of its chaos.gen header, gen), which must exist and
 // have the features record's key as its entity. An error says the model cannot
 // be built, and no answer can be judged.
-func newAPIModel(ends map[int32]int64, replay map[srcKey][]output, gen map[srcKey]string, txs map[string]genTx, specs []window.Spec, def *definition.Definition) (*apiModel, error) {
-	m := &apiModel{ends: ends, specs: specs, def: def}
+func newAPIModel(ends map[int32]int64, replay map[srcKey][]output, gen map[srcKey]string, txs map[string]genTx, specs []window.Spec, def *definition.Definition, late string) (*apiModel, error) {
+	m := &apiModel{ends: ends, specs: specs, def: def, late: late}
 	if def != nil {
 		m.label = def.Version + "@" + def.Hash()
 		if err := checkModelled(def); err != nil {
@@ -96,6 +99,14 @@ func newAPIModel(ends map[int32]int64, replay map[srcKey][]output, gen map[srcKe
 			}
 			pm.byEntity[tx.entity] = append(pm.byEntity[tx.entity], len(pm.acc))
 			pm.acc = append(pm.acc, accEvent{off: off, tx: tx, prefMax: maxSeen, sweep: lastSweep})
+		}
+		evs := make([]orderEvent, len(pm.acc))
+		for i, e := range pm.acc {
+			evs[i] = orderEvent{e.off, e.tx.time}
+		}
+		late, _, rel := replayOrder(evs)
+		for i := range pm.acc {
+			pm.acc[i].late, pm.acc[i].rel = late[i], rel[i]
 		}
 	}
 	return m, nil

@@ -16,18 +16,22 @@ import (
 // In the contract's order of checks: more than --max-ahead (24 h) ahead of the
 // newest accepted event time is invalid:event_time; an event id accepted on the
 // partition up to last_offset (all of them are within the dedupe horizon: the
-// input spans far less) is a duplicate; behind the watermark is late. Otherwise
-// a features record: it waits if its event time is after the watermark it would
+// input spans far less; under --late=apply that includes late events counted)
+// is a duplicate; behind the watermark is late under --late=dlq, and under
+// --late=apply too when more than the largest window behind it. Otherwise a
+// features record: it waits if its event time is after the watermark it would
 // make, and its windows count, after the entity's counted events, its pending
 // events at or before its event time (released before it, in (event time,
-// offset) order: a new record's offset is after theirs) and itself, by the
-// window rule: an event at or after the entity's newest reads buckets
-// k−N+1 … k of its own bucket k; an older one the retained buckets up to its
-// own, max(k−N+1, K−N+1) … k (K: the newest's bucket), or is late if its bucket
-// left a window. ms_since_previous is from the entity's last event in apply
-// order: the last of those pending ones, or its newest counted (by event time,
-// then offset) when no idle release reordered the entity (judgeEnv.reordered;
-// otherwise that field is not judged). It would land at last_offset + 1.
+// offset) order: a new record's offset is after theirs; a late one is counted
+// at once, and every pending event is after it) and itself, by the window rule:
+// an event at or after the entity's newest reads buckets k−N+1 … k of its own
+// bucket k; an older one the retained buckets up to its own, max(k−N+1,
+// K−N+1) … k (K: the newest's bucket), or is late if its bucket left a window.
+// Its late flag says whether it was behind the watermark. ms_since_previous is
+// from the entity's last event in release order: the last of those pending ones,
+// or the last counted (late_test.go, releaseOrder) when no idle release
+// reordered the entity (judgeEnv.reordered; otherwise that field is not judged).
+// It would land at last_offset + 1.
 
 type previewAnswer struct {
 	EntityID   *string         `json:"entity_id"`
@@ -80,31 +84,37 @@ func (m *apiModel) judgePreview(req *apiRequest, env *judgeEnv, st *apiStats) []
 		maxSeen = pm.acc[s.accepted-1].prefMax
 	}
 	lateness := allowedLateness.Milliseconds()
-	want := "features"
+	var largest int64
+	for _, sp := range m.specs {
+		largest = max(largest, sp.WindowMs)
+	}
+	want, late := "features", false
 	switch {
 	case hasMax && pv.eventTime > maxSeen+maxAheadMs:
 		want = "invalid:event_time"
 	case pv.eventID != nil && slices.ContainsFunc(pm.acc[:s.accepted], func(e accEvent) bool { return e.tx.eventID == *pv.eventID }):
 		want = "duplicate"
 	case hasMax && pv.eventTime < s.wm:
-		want = "late"
+		late = true
+		if m.late != "apply" || s.wm-pv.eventTime > largest {
+			want = "late"
+		}
 	}
-	// The entity's events applied before it: counted, then its pending ones at
-	// or before its time, in release order.
-	type ev struct{ t, off, amount int64 }
+	// The entity's events applied before it: counted, in release order, then
+	// its pending ones at or before its time, in (event time, offset) order.
+	type ev struct{ rel, t, off, amount int64 }
 	var counted, before []ev
 	for _, i := range s.counted {
 		e := pm.acc[i]
-		counted = append(counted, ev{e.tx.time, e.off, e.tx.amount})
+		counted = append(counted, ev{e.rel, e.tx.time, e.off, e.tx.amount})
 	}
 	for _, i := range s.pending {
 		if e := pm.acc[i]; e.tx.entity == req.entity && e.tx.time <= pv.eventTime {
-			before = append(before, ev{e.tx.time, e.off, e.tx.amount})
+			before = append(before, ev{0, e.tx.time, e.off, e.tx.amount})
 		}
 	}
-	order := func(x, y ev) int { return cmp.Or(cmp.Compare(x.t, y.t), cmp.Compare(x.off, y.off)) }
-	slices.SortFunc(counted, order)
-	slices.SortFunc(before, order)
+	slices.SortFunc(counted, func(x, y ev) int { return releaseOrder(x.rel, x.t, x.off, y.rel, y.t, y.off) })
+	slices.SortFunc(before, func(x, y ev) int { return cmp.Or(cmp.Compare(x.t, y.t), cmp.Compare(x.off, y.off)) })
 	applied := append(slices.Clone(counted), before...)
 	newest, hasNewest := int64(0), len(applied) > 0
 	for _, e := range applied {
@@ -159,8 +169,8 @@ func (m *apiModel) judgePreview(req *apiRequest, env *judgeEnv, st *apiStats) []
 		if f.EntityID != req.entity || f.EventTime != pv.eventTime || pv.eventID != nil && (f.EventID == nil || *f.EventID != *pv.eventID) {
 			diffs = append(diffs, fmt.Sprintf("entity_id %q, event_time %d, event_id %s: want the transaction's", f.EntityID, f.EventTime, strOr(f.EventID)))
 		}
-		if f.Late || f.SourcePartition != p || f.SourceOffset != last+1 {
-			diffs = append(diffs, fmt.Sprintf("late %v, source %d/%d, want false, %d/%d", f.Late, f.SourcePartition, f.SourceOffset, p, last+1))
+		if f.Late != late || f.SourcePartition != p || f.SourceOffset != last+1 {
+			diffs = append(diffs, fmt.Sprintf("late %v, source %d/%d, want %v, %d/%d", f.Late, f.SourcePartition, f.SourceOffset, late, p, last+1))
 		}
 		if !slices.Equal(f.Windows, wantWindows) {
 			diffs = append(diffs, fmt.Sprintf("windows %+v, want %+v", f.Windows, wantWindows))

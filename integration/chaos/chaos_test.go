@@ -6,6 +6,7 @@ import (
 	"context"
 	crand "crypto/rand"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -22,10 +23,13 @@ import (
 	"github.com/linkedin/goavro/v2"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/velocity-consumer/velocity-consumer/integration/kafkatest"
+	"github.com/velocity-consumer/velocity-consumer/internal/srtest"
 	"github.com/velocity-consumer/velocity-consumer/pkg/definition"
 	"github.com/velocity-consumer/velocity-consumer/pkg/feature"
+	"github.com/velocity-consumer/velocity-consumer/schemas"
 )
 
 // The service's timing flags in every run. The checks' waits derive from them.
@@ -310,6 +314,84 @@ func (v variant) semantics() []string {
 	return append(slices.Clone(semantics), "--features", v.features)
 }
 
+// semantics are the flags of the run's processes and its replay: v's, and
+// the schedule's late policy.
+func (r *run) semantics() []string {
+	s := append(slices.Clone(r.v.semantics()), "--late", r.sched.Late)
+	if r.reg != nil {
+		s = append(s, "--schema-registry", r.reg.URL())
+	}
+	return s
+}
+
+// startRegistry serves a registry run's schema registry and registers the
+// input's two writer schemas under input's subject (TopicNameStrategy): the
+// Transaction schema and a later version with one more field, an optional
+// string (wireFormat). It returns the registry and the input's framing.
+func startRegistry(t *testing.T, ctx context.Context, input string, seed uint64) (*srtest.Server, *wireFormat) {
+	reg := srtest.Start(t)
+	cl, err := sr.NewClient(sr.URLs(reg.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v2 map[string]any
+	if err := json.Unmarshal([]byte(schemas.Transaction), &v2); err != nil {
+		t.Fatal(err)
+	}
+	v2["fields"] = append(v2["fields"].([]any), map[string]any{"name": "channel", "type": []any{"null", "string"}, "default": nil})
+	v2text, err := json.Marshal(v2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &wireFormat{rng: rand.New(rand.NewPCG(seed, 0x77697265))}
+	for i, text := range []string{schemas.Transaction, string(v2text)} {
+		ss, err := cl.CreateSchema(ctx, input+"-value", sr.Schema{Schema: text, Type: sr.TypeAvro})
+		if err != nil {
+			t.Fatalf("register the input's schema v%d: %v", i+1, err)
+		}
+		if i == 0 {
+			w.v1 = ss.ID
+		} else {
+			w.v2 = ss.ID
+		}
+	}
+	w.unknown = max(w.v1, w.v2) + 1000
+	return reg, w
+}
+
+// checkSchemaIDs holds a registry run's features values to the contract: each
+// names, by its prefix, a schema the registry holds that is the features
+// schema (out's).
+func (r *run) checkSchemaIDs(out outputSchema, outs ...map[srcKey][]output) []string {
+	ids := map[int]bool{}
+	for _, m := range outs {
+		for _, os := range m {
+			for _, o := range os {
+				if !o.dead {
+					ids[o.schemaID] = true
+				}
+			}
+		}
+	}
+	cl, err := sr.NewClient(sr.URLs(r.reg.URL()))
+	if err != nil {
+		return []string{err.Error()}
+	}
+	var fails []string
+	for id := range ids {
+		ss, err := cl.SchemaByID(r.ctx, id)
+		if err != nil {
+			fails = append(fails, fmt.Sprintf("features values framed with schema id %d, which the registry does not give: %v", id, err))
+			continue
+		}
+		c, err := goavro.NewCodec(ss.Schema)
+		if err != nil || c.CanonicalSchema() != out.codec.CanonicalSchema() {
+			fails = append(fails, fmt.Sprintf("features values framed with schema id %d, whose schema is not %s: %.200s", id, out.name, ss.Schema))
+		}
+	}
+	return fails
+}
+
 // output is how v's features records are read.
 func (v variant) output(t *testing.T) outputSchema {
 	if v.features == "" {
@@ -382,6 +464,8 @@ type run struct {
 	lastFault time.Time
 	// stopPoll stops the committed-offset poller (startQueries).
 	stopPoll func()
+	// reg is a registry run's schema registry (nil: plain Avro).
+	reg *srtest.Server
 }
 
 func runChaos(t *testing.T, c *kafkatest.PrivateCluster, bin string, v variant, seed uint64, env chaosEnv) {
@@ -389,7 +473,7 @@ func runChaos(t *testing.T, c *kafkatest.PrivateCluster, bin string, v variant, 
 	store := v.store
 	rks := v.rekeyedGroups(t)
 	sched := makeSchedule(seed, env.duration, planTimes{session: sessionTimeout, idle: idleTimeout, pauses: len(rks) == 0,
-		nodes: len(nodes), nodeSession: nodeSession})
+		nodes: len(nodes), nodeSession: nodeSession, lateApply: len(rks) == 0, registry: v.features == ""})
 	repro := fmt.Sprintf("VELOCITY_REQUIRE_KAFKA=1 VELOCITY_CHAOS_SEED=%d VELOCITY_CHAOS_DURATION=%s go test -tags integration -count=1 -v -run 'TestChaos/^%s$/' ./integration/chaos/",
 		seed, env.duration, v.name)
 	fmt.Fprintf(os.Stderr, "chaos: store %s, seed %d (reproduce: %s)\n", store, seed, repro)
@@ -412,6 +496,11 @@ func runChaos(t *testing.T, c *kafkatest.PrivateCluster, bin string, v variant, 
 	portRng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), seed))
 	ports := map[int]bool{}
 	r.input = kafkatest.CreateTopic(t, addr, partitions, keepAll)
+	var wire *wireFormat
+	if sched.Registry {
+		r.reg, wire = startRegistry(t, r.ctx, r.input, sched.InputSeed)
+		r.out.wire = true
+	}
 	for _, eos := range []bool{false, true} {
 		g := &group{mode: "default", eos: eos, name: kafkatest.Group(t),
 			out: kafkatest.CreateTopic(t, addr, partitions, keepAll), dlq: kafkatest.CreateTopic(t, addr, partitions, keepAll),
@@ -444,7 +533,7 @@ func runChaos(t *testing.T, c *kafkatest.PrivateCluster, bin string, v variant, 
 				// The advertised URL defaults to http://127.0.0.1:<port>: where the
 				// querier and the other instances reach this slot.
 				"--api-addr", "127.0.0.1:" + strconv.Itoa(port),
-			}, v.semantics()...)
+			}, r.semantics()...)
 			args = append(args, g.groups.flags()...)
 			if eos {
 				args = append(args, "--exactly-once")
@@ -498,6 +587,7 @@ func runChaos(t *testing.T, c *kafkatest.PrivateCluster, bin string, v variant, 
 	pcl := kafkatest.Client(t, addr, kgo.DefaultProduceTopic(r.input), kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		kgo.ProducerLinger(5*time.Millisecond), kgo.RecordDeliveryTimeout(0), kgo.RetryTimeout(5*time.Minute))
 	r.prod = &producer{cl: pcl, gen: newGenerator(sched.InputSeed)}
+	r.prod.gen.wire = wire
 
 	// The schedule, with the query API asked throughout, and the groups'
 	// committed offsets polled throughout, until the last checkpoint.
@@ -536,12 +626,28 @@ func runChaos(t *testing.T, c *kafkatest.PrivateCluster, bin string, v variant, 
 	// The query API's answers, judged by the input and replay's verdicts.
 	var model *apiModel
 	var modelErr error
+	var lateFails []string
 	if vin.replay != nil {
 		model, modelErr = r.apiModel(ends, replay, gen)
+		if model != nil {
+			var ls lateStats
+			lateFails, ls = model.checkLate(replay, gen, r.prod.gen.txs, vin.codec)
+			tl.logf("late rule, replay under --late=%s: %d late events counted (late=true), %d dead-lettered late; %d verdicts unlike the input's", r.sched.Late, ls.counted, ls.dead, len(lateFails))
+		}
+	}
+	// How long a late event counted in one run and not in another stays in
+	// its entity's windows (idleExcuses).
+	var horizon int64
+	if specs, err := r.velocitySpecs(); err == nil {
+		for _, sp := range specs {
+			horizon = max(horizon, sp.WindowMs+sp.BucketMs)
+		}
+	} else {
+		t.Fatal(err)
 	}
 	r.summary(ends)
 	for _, g := range r.groups {
-		fails := append([]string(nil), replayFails...)
+		fails := append(append([]string(nil), replayFails...), lateFails...)
 		gvin := vin
 		reordered := map[int32]map[string]bool{}
 		if vin.replay != nil {
@@ -550,7 +656,7 @@ func runChaos(t *testing.T, c *kafkatest.PrivateCluster, bin string, v variant, 
 				outs = append(outs, cp.outs)
 			}
 			var ooo map[srcKey]bool
-			gvin.excused, ooo = idleExcuses(ends, replay, outs, gen, r.prod.gen.txs)
+			gvin.excused, ooo = idleExcuses(ends, replay, outs, gen, r.prod.gen.txs, horizon)
 			for k := range ooo {
 				if reordered[k.part] == nil {
 					reordered[k.part] = map[string]bool{}
@@ -562,6 +668,13 @@ func runChaos(t *testing.T, c *kafkatest.PrivateCluster, bin string, v variant, 
 		}
 		for _, cp := range g.cps {
 			fails = append(fails, check(cp, gvin)...)
+		}
+		if r.reg != nil {
+			outs := []map[srcKey][]output{replay}
+			for _, cp := range g.cps {
+				outs = append(outs, cp.outs)
+			}
+			fails = append(fails, r.checkSchemaIDs(r.out, outs...)...)
 		}
 		st := &apiStats{skipped: g.skipped}
 		switch {
@@ -660,8 +773,8 @@ func runChaos(t *testing.T, c *kafkatest.PrivateCluster, bin string, v variant, 
 			t.Error(b.String())
 		}
 		if env.report != "" {
-			line := fmt.Sprintf("%s\t%s-%s\tseed=%d\tduration=%s\trecords=%d\tfaults=%v\tself-exits=%d\tapi=%d/%d/%d/%d\t%s\tlogs=%s\n",
-				time.Now().UTC().Format(time.RFC3339), g.mode, v.name, seed, time.Since(tl.begin).Round(time.Second), total(ends), r.faults, r.selfExits(g),
+			line := fmt.Sprintf("%s\t%s-%s\tseed=%d\tlate=%s\tduration=%s\trecords=%d\tfaults=%v\tself-exits=%d\tapi=%d/%d/%d/%d\t%s\tlogs=%s\n",
+				time.Now().UTC().Format(time.RFC3339), g.mode, v.name, seed, sched.Late, time.Since(tl.begin).Round(time.Second), total(ends), r.faults, r.selfExits(g),
 				st.ok, st.unavailable, st.other, st.transport, outcome, dir)
 			if f, err := os.OpenFile(env.report, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644); err == nil {
 				f.WriteString(line)
@@ -784,6 +897,27 @@ func (r *run) fault(p phase) {
 		time.Sleep(p.Dur)
 		tl.logf("heal instance %d's network path to the brokers", p.Slot)
 		r.links[p.Slot].Heal()
+	case faultRegistry:
+		tl.logf("schema registry down")
+		r.reg.Down()
+		time.Sleep(500 * time.Millisecond)
+		var killed []*instance
+		for _, g := range r.groups {
+			if in := g.inst[p.Slot]; in.running() {
+				killed = append(killed, in)
+			}
+		}
+		// Started again at once, with no schema cached: its records wait for
+		// the registry, and if it cannot register its output schema in the
+		// 30 s the start gives it, it exits (and is started again, noted).
+		tl.logf("SIGKILL %s, start again with the registry down", names(killed))
+		r.stopAll(syscall.SIGKILL, killed...)
+		for _, in := range killed {
+			start(in)
+		}
+		time.Sleep(p.Dur - 500*time.Millisecond)
+		r.reg.Up(r.t)
+		tl.logf("schema registry up")
 	case faultScaleUp:
 		tl.logf("scale up: start instances 1 and 2")
 		for _, g := range r.groups {
@@ -1135,7 +1269,7 @@ func (r *run) replay(bin, addr, out, dlq string, groups groupTopics) (map[srcKey
 	}
 	defer f.Close()
 	args := append([]string{"replay", "--brokers", addr, "--input-topic", r.input, "--from", "start", "--to", "end",
-		"--output", "topic:" + out, "--dlq", "topic:" + dlq, "--quiet", "--log-format", "json"}, r.v.semantics()...)
+		"--output", "topic:" + out, "--dlq", "topic:" + dlq, "--quiet", "--log-format", "json"}, r.semantics()...)
 	args = append(args, groups.flags()...)
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = childEnv()

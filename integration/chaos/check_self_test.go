@@ -109,7 +109,7 @@ func apiChecksFire(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := newAPIModel(ends, replay, gen, txs, specs, nil)
+	m, err := newAPIModel(ends, replay, gen, txs, specs, nil, "dlq")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +215,7 @@ func apiChecksFire(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wm, err := newAPIModel(ends, replay, gen, txs, wspecs, nil)
+	wm, err := newAPIModel(ends, replay, gen, txs, wspecs, nil, "dlq")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -347,13 +347,49 @@ func apiChecksFire(t *testing.T) {
 		}
 	}
 
+	// Under --late=apply, a late preview (t0+100, 400 ms behind the watermark
+	// t0+500) is counted at once: late=true, no wait, its windows the counted
+	// t0 (100) and t0+500 (300) of its own bucket and itself, never the pending
+	// t0+1500; ms_since_previous from t0+500, the last counted in release order.
+	// More than the largest window (1m) behind the watermark it is late still.
+	m.late = "apply"
+	lateFeatures := func(late bool, count, sum, prev int64) string {
+		return fmt.Sprintf(`{"event_id":"preview","entity_id":%q,"event_time":%d,"windows":[{"window":"1m","window_ms":60000,"bucket_ms":1000,"count":%d,"sum_minor":%d,"min_minor":10,"max_minor":300}],`+
+			`"ms_since_previous":%d,"late":%v,"source_topic":"in","source_partition":0,"source_offset":4}`, entity, t0+100, count, sum, prev, late)
+	}
+	if got := m.checkAnswers([]*apiRequest{
+		previewReq(10, t0+100, nil, previewBody("features", false, lateFeatures(true, 3, 410, -400))),
+		previewReq(10, t0+500-60_001, nil, previewBody("late", false, "null")),
+		previewReq(10, t0+100, &ev1, previewBody("duplicate", false, "null")),
+	}, env, &apiStats{}); len(got) != 0 {
+		t.Fatalf("--late=apply: previews that keep every invariant fail: %v", got)
+	}
+	for _, c := range []struct {
+		name string
+		req  *apiRequest
+		want string
+	}{
+		{"dead-lettered", previewReq(10, t0+100, nil, previewBody("late", false, "null")), `outcome "late", want "features"`},
+		{"without late=true", previewReq(10, t0+100, nil, previewBody("features", false, lateFeatures(false, 3, 410, -400))), "late false, source 0/4, want true, 0/4"},
+		{"waits", previewReq(10, t0+100, nil, previewBody("features", true, lateFeatures(true, 3, 410, -400))), "waits = true, want false"},
+		{"the pending one counted", previewReq(10, t0+100, nil, previewBody("features", false, lateFeatures(true, 4, 460, -400))), "windows"},
+		{"a wrong ms_since_previous", previewReq(10, t0+100, nil, previewBody("features", false, lateFeatures(true, 3, 410, 100))), "ms_since_previous = 100, want -400"},
+		{"counted though beyond the largest window", previewReq(10, t0+500-60_001, nil, previewBody("features", false, lateFeatures(true, 1, 10, -400))), `outcome "features", want "late"`},
+	} {
+		got := strings.Join(m.checkAnswers([]*apiRequest{c.req}, env, &apiStats{}), "\n")
+		if !strings.Contains(got, c.want) {
+			t.Errorf("preview under --late=apply, %s: the report lacks %q:\n%s", c.name, c.want, got)
+		}
+	}
+	m.late = "dlq"
+
 	// The features endpoint, under the file-features definition: its filters, a
 	// distinct count, and the exactness a small set must claim.
 	def, err := definition.LoadFile("testdata/tx_features.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	fm, err := newAPIModel(ends, replay, gen, txs, def.Windows, def)
+	fm, err := newAPIModel(ends, replay, gen, txs, def.Windows, def, "dlq")
 	if err != nil {
 		t.Fatal(err)
 	}

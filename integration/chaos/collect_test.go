@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/velocity-consumer/velocity-consumer/integration/kafkatest"
+	"github.com/velocity-consumer/velocity-consumer/pkg/registry"
 	"github.com/velocity-consumer/velocity-consumer/schemas"
 )
 
@@ -63,6 +64,12 @@ type output struct {
 	// partition's features records are in the order the service released
 	// them (idle_test.go reads it).
 	outOffset int64
+	// pid is the producer id that wrote it: a process, from its start (or
+	// from a new id its producer had to take) to its end (idle_test.go).
+	pid int64
+	// schemaID is the schema id of a features value in the wire format (0:
+	// none).
+	schemaID int
 }
 
 func (o output) same(p output) bool {
@@ -108,6 +115,12 @@ type outputSchema struct {
 	codec      *goavro.Codec
 	name       string // for messages
 	definition string // the velocity.definition header every output carries ("" without --features)
+	// wire: a registry run's features values are in the Confluent wire
+	// format. The collector keeps the body as the value (what the checks
+	// compare) and the schema id apart, which must name the features schema
+	// (checkSchemaIDs): live and replay may have registered it under other
+	// subjects.
+	wire bool
 }
 
 var defaultOutput = outputSchema{codec: featuresCodec, name: "schemas/velocity_features.avsc"}
@@ -189,7 +202,7 @@ func (os outputSchema) classify(r *kgo.Record, dead bool) (srcKey, output, error
 	// emission time finds the moment in their logs: for the reader of a
 	// failure.
 	at := fmt.Sprintf("%s/%d@%d (producer %d, %s)", r.Topic, r.Partition, r.Offset, r.ProducerID, emittedAt(r))
-	o := output{dead: dead, key: r.Key, keyNull: r.Key == nil, value: r.Value, valueNull: r.Value == nil, at: at, outOffset: r.Offset}
+	o := output{dead: dead, key: r.Key, keyNull: r.Key == nil, value: r.Value, valueNull: r.Value == nil, at: at, outOffset: r.Offset, pid: r.ProducerID}
 	if os.definition != "" {
 		var def string
 		for _, x := range r.Headers {
@@ -201,8 +214,15 @@ func (os outputSchema) classify(r *kgo.Record, dead bool) (srcKey, output, error
 			return srcKey{}, o, fmt.Errorf("%s has velocity.definition %q, want %q", at, def, os.definition)
 		}
 	}
+	if !dead && os.wire {
+		id, rej := registry.SchemaID(r.Value)
+		if rej != nil {
+			return srcKey{}, o, fmt.Errorf("features record %s: %s", at, rej.Detail)
+		}
+		o.schemaID, o.value = id, r.Value[registry.HeaderSize:]
+	}
 	if !dead {
-		native, rest, err := os.codec.NativeFromBinary(r.Value)
+		native, rest, err := os.codec.NativeFromBinary(o.value)
 		if err != nil || len(rest) != 0 {
 			return srcKey{}, o, fmt.Errorf("features record %s does not decode with %s: %v (%d bytes left)", at, os.name, err, len(rest))
 		}

@@ -107,7 +107,7 @@ func TestIdleExcusesAreBounded(t *testing.T) {
 	}
 	for _, c := range cases {
 		outs := live(c.change)
-		ex, _ := idleExcuses(ends, replay, []map[srcKey][]output{outs}, gen, txs)
+		ex, _ := idleExcuses(ends, replay, []map[srcKey][]output{outs}, gen, txs, 300_000)
 		in := verdictInput{inputTopic: "in", ends: ends, replay: replay, gen: gen, excused: ex}
 		got := strings.Join(check(checkpoint{label: "cp", eos: true, outs: outs}, in), "\n")
 		if len(c.want) == 0 && got != "" {
@@ -127,7 +127,7 @@ func TestIdleExcusesAreBounded(t *testing.T) {
 	outs[srcKey{0, 2}] = []output{replay[srcKey{0, 2}][0], at(feat(2, "card-a", t0+1200, 8, prev(5), false), 102)}
 	outs[srcKey{0, 3}] = []output{replay[srcKey{0, 3}][0], at(feat(3, "card-a", t0+500, 9, prev(-700), false), 103)}
 	outs[srcKey{0, 6}] = []output{replay[srcKey{0, 6}][0], at(feat(6, "card-a", t0+5000, 1, prev(1), false), 107)}
-	ex, ooo := idleExcuses(ends, replay, []map[srcKey][]output{outs}, gen, txs)
+	ex, ooo := idleExcuses(ends, replay, []map[srcKey][]output{outs}, gen, txs, 300_000)
 	if len(ooo) != 1 || !ooo[srcKey{0, 3}] {
 		t.Errorf("out of order: %v, want offset 3 only", ooo)
 	}

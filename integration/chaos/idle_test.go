@@ -60,15 +60,39 @@ const (
 // idleExcuses finds the events that the outputs in outs show counted out of
 // order (the A above) and returns the excuse of each offset they touch, and
 // those events. replay says which offsets are accepted; the generator's notes
-// (gen) and transactions (txs) give each one's entity and event time.
-func idleExcuses(ends map[int32]int64, replay map[srcKey][]output, outs []map[srcKey][]output, gen map[srcKey]string, txs map[string]genTx) (map[srcKey]excuse, map[srcKey]bool) {
+// (gen) and transactions (txs) give each one's entity and event time. horizon
+// is the largest window plus its bucket: how long a late event counted in one
+// run and dead-lettered in another stays in its entity's windows.
+//
+// Under --late=apply, replay counts a late event at once (late_test.go), so
+// its events' release order is no longer their (event time, offset) order, and
+// the rule above changes in three places:
+//   - A late event is never a B: it is counted at its own offset in every run.
+//     An earlier event is a B of a late A only if it was still pending when A
+//     arrived in replay (its event time above the watermark then): one counted
+//     before A anyway is not out of order. (The scan back stops at the first
+//     event that is not late and more than the lateness before A, as before:
+//     every accepted event that is not late is at most the lateness after each
+//     one before it.)
+//   - The late events of E that replay counts among A and its B's read other
+//     windows there than in the live run (a late event reads whole buckets up to
+//     its own, and which are retained moves with the entity's newest event):
+//     every event of E that replay counts between the first and the last of
+//     them may differ in any field; the next one after, in ms_since_previous.
+//   - A late A that one run counted and another dead-lettered (its bucket had
+//     left a window there: the idle release had moved its entity's newest event
+//     on) is missing from E's windows in one of them until its bucket leaves
+//     every window: E's events up to horizon after it may differ in any field.
+func idleExcuses(ends map[int32]int64, replay map[srcKey][]output, outs []map[srcKey][]output, gen map[srcKey]string, txs map[string]genTx, horizon int64) (map[srcKey]excuse, map[srcKey]bool) {
 	accepted := func(k srcKey) bool { rs := replay[k]; return len(rs) == 1 && !rs[0].dead }
 	// Per offset: the lowest and highest output offset of its features
-	// records, and whether some output of it is a late dead letter.
+	// records, overall and per producer, and whether some output of it is a
+	// late dead letter.
 	type span struct {
 		lo, hi   int64
 		features bool
 		lateDLQ  bool
+		byPid    map[int64][2]int64
 	}
 	spans := map[srcKey]*span{}
 	for _, m := range outs {
@@ -78,7 +102,7 @@ func idleExcuses(ends map[int32]int64, replay map[srcKey][]output, outs []map[sr
 			}
 			sp := spans[k]
 			if sp == nil {
-				sp = &span{lo: math.MaxInt64, hi: math.MinInt64}
+				sp = &span{lo: math.MaxInt64, hi: math.MinInt64, byPid: map[int64][2]int64{}}
 				spans[k] = sp
 			}
 			for _, o := range os {
@@ -88,59 +112,121 @@ func idleExcuses(ends map[int32]int64, replay map[srcKey][]output, outs []map[sr
 				default:
 					sp.features = true
 					sp.lo, sp.hi = min(sp.lo, o.outOffset), max(sp.hi, o.outOffset)
+					r, ok := sp.byPid[o.pid]
+					if !ok {
+						r = [2]int64{math.MaxInt64, math.MinInt64}
+					}
+					sp.byPid[o.pid] = [2]int64{min(r[0], o.outOffset), max(r[1], o.outOffset)}
 				}
 			}
 		}
 	}
+	// precedes says whether the outputs show B's features record before A's
+	// in one run. A run is a producer id's sequence (a process from its start,
+	// or from a new id its producer took, to its end): in the default mode a
+	// crash's or a move's repeats come after the first run's records, so a
+	// repeat of A after the first run's B says nothing. A run that wrote A and
+	// no B had B counted already, in its restored state or before it took a
+	// new producer id: B's first record, before that A, is the order it counted
+	// them in. (A run that stops after A and before B's release looks the
+	// same; that only excuses more.)
+	precedes := func(sb, sa *span) bool {
+		for pid, ra := range sa.byPid {
+			if rb, ok := sb.byPid[pid]; ok && rb[0] < ra[1] || !ok && sb.lo < ra[1] {
+				return true
+			}
+		}
+		return false
+	}
 	type ev struct {
-		off, t int64
+		off, t, wm, rel int64
+		late            bool
 	}
 	lateness := allowedLateness.Milliseconds()
 	outOfOrder := map[srcKey]bool{}
 	ex := map[srcKey]excuse{}
 	for p := range int32(partitions) {
-		byEntity := map[string][]ev{} // in offset order
+		var all []orderEvent
 		for off := int64(0); off < ends[p]; off++ {
 			if k := (srcKey{p, off}); accepted(k) {
-				tx := txs[genID(gen[k])]
-				byEntity[tx.entity] = append(byEntity[tx.entity], ev{off, tx.time})
+				all = append(all, orderEvent{off, txs[genID(gen[k])].time})
 			}
 		}
-		var found []ev
-		for _, evs := range byEntity {
+		late, wm, rel := replayOrder(all)
+		byEntity := map[string][]ev{} // in offset order
+		for i, e := range all {
+			ent := txs[genID(gen[srcKey{p, e.off}])].entity
+			byEntity[ent] = append(byEntity[ent], ev{e.off, e.t, wm[i], rel[i], late[i]})
+		}
+		type found struct {
+			a      ev
+			entity string
+			dead   bool // dead-lettered late in a run, where replay counted it
+		}
+		var fs []found
+		for ent, evs := range byEntity {
 			for j, a := range evs {
 				sa := spans[srcKey{p, a.off}]
 				if sa == nil {
 					continue // no output: reported by check
 				}
 				ooo := sa.lateDLQ
-				// The B of A: earlier offsets, later event times. Every event of
-				// E before the first one scanned back to below tA − lateness is
-				// at most the lateness after that one: before A in event time.
-				for i := j - 1; !ooo && i >= 0 && evs[i].t >= a.t-lateness; i-- {
-					if sb := spans[srcKey{p, evs[i].off}]; evs[i].t > a.t && sb != nil && sb.features && sa.features && sb.lo < sa.hi {
+				// The B of A: earlier offsets, later event times (and, for a
+				// late A, pending when it arrived). Every event of E that is
+				// not late and before the first such one scanned back to below
+				// tA − lateness is at most the lateness after that one: before
+				// A in event time.
+				for i := j - 1; !ooo && i >= 0; i-- {
+					b := evs[i]
+					if b.late {
+						continue
+					}
+					if b.t < a.t-lateness {
+						break
+					}
+					if sb := spans[srcKey{p, b.off}]; b.t > a.t && (!a.late || b.t > a.wm) && sb != nil && sb.features && sa.features && precedes(sb, sa) {
 						ooo = true
 					}
 				}
 				if ooo {
 					outOfOrder[srcKey{p, a.off}] = true
-					found = append(found, a)
+					fs = append(fs, found{a, ent, sa.lateDLQ})
 				}
 			}
 		}
-		order := func(x, y ev) int { return cmp.Or(cmp.Compare(x.t, y.t), cmp.Compare(x.off, y.off)) }
+		order := func(x, y ev) int { return releaseOrder(x.rel, x.t, x.off, y.rel, y.t, y.off) }
 		sorted := map[string][]ev{}
 		for e, evs := range byEntity {
 			sorted[e] = slices.SortedFunc(slices.Values(evs), order)
 		}
-		for _, a := range found {
-			evs := sorted[txs[genID(gen[srcKey{p, a.off}])].entity]
-			i, _ := slices.BinarySearchFunc(evs, a, order)
-			for ; i < len(evs) && evs[i].t <= a.t+lateness; i++ {
+		for _, f := range fs {
+			a, evs := f.a, sorted[f.entity]
+			member := func(e ev) bool {
+				switch {
+				case e.off == a.off:
+					return true
+				case !a.late:
+					return (e.t > a.t || e.t == a.t && e.off > a.off) && e.t <= a.t+lateness
+				case !e.late && e.off < a.off && e.rel > a.off:
+					return true // pending when the late A arrived: a B
+				default:
+					return f.dead && order(e, a) > 0 && e.t <= a.t+horizon
+				}
+			}
+			first, last := -1, -1
+			for i, e := range evs {
+				if member(e) {
+					if first < 0 {
+						first = i
+					}
+					last = i
+				}
+			}
+			for i := first; i <= last; i++ {
 				ex[srcKey{p, evs[i].off}] = excuseWhole
 			}
-			if i < len(evs) {
-				if nk := (srcKey{p, evs[i].off}); ex[nk] < excusePrevious {
+			if last+1 < len(evs) {
+				if nk := (srcKey{p, evs[last+1].off}); ex[nk] < excusePrevious {
 					ex[nk] = excusePrevious
 				}
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
+	"github.com/velocity-consumer/velocity-consumer/pkg/registry"
 )
 
 // The input's shape.
@@ -61,11 +62,37 @@ type generator struct {
 	// goroutines read it (the preview's event ids).
 	seq   atomic.Int64
 	kinds map[string]int
+	// wire, in a registry run, frames the values in the Confluent wire format
+	// (nil: plain Avro).
+	wire *wireFormat
 	// txs is, by the id of the chaos.gen header, the transaction each record
 	// carries that decodes as one (whatever the service then makes of it): what
 	// the query API's answers are computed from (apicheck_test.go), the
 	// generator's own amounts and event times rather than any output's.
 	txs map[string]genTx
+}
+
+// wireFormat frames a registry run's values: a magic byte 0, a schema id,
+// the Avro body. Half the transactions are written with the Transaction
+// schema (v1), half with a later version of it (v2: one more field, an
+// optional string, null here, so its body is v1's and one byte 0), which the
+// service must resolve to the Transaction it reads. unknown is an id the
+// registry does not have: such values are decode dead letters. rng is its own,
+// so that the records are the same as without a registry, but for the framing.
+type wireFormat struct {
+	v1, v2, unknown int
+	rng             *rand.Rand
+}
+
+// encode is tx's value: plain Avro without a wire format (w nil).
+func (w *wireFormat) encode(tx *codec.Transaction) []byte {
+	if w == nil {
+		return codec.EncodeTransaction(tx)
+	}
+	if w.rng.IntN(2) == 0 {
+		return codec.AppendTransaction(registry.AppendHeader(nil, w.v1), tx)
+	}
+	return append(codec.AppendTransaction(registry.AppendHeader(nil, w.v2), tx), 0)
 }
 
 // genTx is the transaction of one generated record, as the generator made it.
@@ -139,7 +166,7 @@ func (g *generator) next() *kgo.Record {
 	}
 	x := g.rng.IntN(1000)
 	enc := func(kind string, key []byte, tx *codec.Transaction, t int64) *kgo.Record {
-		return rec(kind, key, tx, codec.EncodeTransaction(tx), t)
+		return rec(kind, key, tx, g.wire.encode(tx), t)
 	}
 	switch {
 	case started && !g.fresh[p] && x < 40:
@@ -166,8 +193,18 @@ func (g *generator) next() *kgo.Record {
 		return r
 	case x < 920: // behind the watermark by more than the lateness: late
 		t := g.clock[p] - allowedLateness.Milliseconds() - 1 - g.rng.Int64N(30_000)
-		return enc("late", []byte(ent), valid(t), t)
+		r := enc("late", []byte(ent), valid(t), t)
+		// Resent like the accepted ones: under --late=apply a late event
+		// counted is remembered by dedupe, and its resend is a duplicate.
+		g.sent[p] = append(g.sent[p], r)
+		return r
 	case x < 935:
+		if g.wire != nil && g.wire.rng.IntN(2) == 0 {
+			// A transaction framed with an id the registry does not have.
+			v := registry.AppendHeader(nil, g.wire.unknown)
+			tx := codec.Transaction{EventID: id, EntityID: ent, AmountMinor: 1, Currency: "EUR", EventTime: g.clock[p]}
+			return rec("unknown-schema", []byte(ent), nil, codec.AppendTransaction(v, &tx), g.clock[p])
+		}
 		return rec("undecodable", []byte(ent), nil, []byte("not avro: "+id), g.clock[p])
 	case x < 940:
 		return rec("tombstone", []byte(ent), nil, nil, g.clock[p])

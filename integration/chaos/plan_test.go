@@ -25,10 +25,11 @@ const (
 	faultNodeFreeze           // a cluster only: SIGSTOP the node in Nodes at At, SIGCONT Dur later (Dur > the brokers' session with the controller)
 	faultRolling              // a cluster only: from At, stop and restart every node in turn, Nodes first, each once the others are in sync
 	faultNetCut               // cut instance Slot's network path to the brokers (of a cluster: to the Nodes only, if any) at At, heal it Dur later (Dur > --session-timeout); its API stays reachable
+	faultRegistry             // a registry run only: take the schema registry down at At for Dur, and SIGKILL instance Slot 500 ms into it and start it again at once
 )
 
 func (k faultKind) String() string {
-	return [...]string{"none", "sigkill", "sigstop", "scale-up", "scale-down", "broker-restart", "graceful-restart", "node-freeze", "rolling-restart", "net-cut"}[k]
+	return [...]string{"none", "sigkill", "sigstop", "scale-up", "scale-down", "broker-restart", "graceful-restart", "node-freeze", "rolling-restart", "net-cut", "registry-outage"}[k]
 }
 
 // phase is one step of a schedule: a burst of input (Records > 0) or a quiet
@@ -87,6 +88,8 @@ func (p phase) String() string {
 		fmt.Fprintf(&b, "; at +%s a rolling restart of the brokers from node %s", p.At, nodeNames(p.Nodes))
 	case faultGraceful:
 		fmt.Fprintf(&b, "; at +%s SIGTERM every instance, start them again %s later", p.At, p.Dur)
+	case faultRegistry:
+		fmt.Fprintf(&b, "; at +%s take the schema registry down for %s, SIGKILL instance %d 500ms into it and start it again at once", p.At, p.Dur, p.Slot)
 	default:
 		fmt.Fprintf(&b, "; at +%s %s", p.At, p.Fault)
 	}
@@ -132,7 +135,17 @@ func nodeNames(s nodeSet) string {
 type schedule struct {
 	Seed      uint64
 	InputSeed uint64
-	Phases    []phase
+	// Late is the --late policy of the run and its replay: "dlq", or
+	// "apply" in about half the runs that may use it (planTimes.lateApply),
+	// so that late events counted at once, their ids remembered by dedupe and
+	// the wider idle sweep cross crashes, moves and restores too.
+	Late string
+	// Registry: the input is in the Confluent wire format, and the run and its
+	// replay read it through a schema registry (a fake, in the test process),
+	// in about half the runs that may (planTimes.registry). Every round then
+	// also takes the registry down (faultRegistry).
+	Registry bool
+	Phases   []phase
 }
 
 // planTimes are the service's timing flags the schedule is built around.
@@ -154,6 +167,11 @@ type planTimes struct {
 	// which is often the only one: it takes the longest).
 	nodes       int
 	nodeSession time.Duration
+	// lateApply: the run may use --late=apply (not with re-keyed groups,
+	// which refuse it).
+	lateApply bool
+	// registry: the run may read its input through a schema registry.
+	registry bool
 }
 
 // makeSchedule builds the schedule of seed: rounds until the planned length
@@ -174,7 +192,12 @@ func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
 	// one it always was.
 	crng := rand.New(rand.NewPCG(seed, 0x636c7573746572))
 	nrng := rand.New(rand.NewPCG(seed, 0x6e6574637574)) // the network cuts'
-	s := schedule{Seed: seed, InputSeed: rng.Uint64()}
+	s := schedule{Seed: seed, InputSeed: rng.Uint64(), Late: "dlq"}
+	if lrng := rand.New(rand.NewPCG(seed, 0x6c617465)); pt.lateApply && lrng.IntN(2) == 0 {
+		s.Late = "apply"
+	}
+	rrng := rand.New(rand.NewPCG(seed, 0x7265676973747279)) // the registry's
+	s.Registry = pt.registry && rrng.IntN(2) == 0
 	ms := func(lo, hi int) time.Duration { return time.Duration(lo+rng.IntN(hi-lo+1)) * time.Millisecond }
 	burst := func() phase {
 		length := ms(1500, 3500)
@@ -219,6 +242,9 @@ func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
 			events = slices.Insert(events, up+1+nrng.IntN(down-up), faultNetCut)
 		} else {
 			events = slices.Insert(events, nrng.IntN(len(events)+1), faultNetCut)
+		}
+		if s.Registry {
+			events = slices.Insert(events, rrng.IntN(len(events)+1), faultRegistry)
 		}
 		for _, ev := range events {
 			if rng.IntN(3) == 0 {
@@ -279,6 +305,13 @@ func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
 				p.Nodes = nodesOf(crng.IntN(pt.nodes))
 			case faultGraceful:
 				p.At, p.Dur = ms(0, 500), ms(500, 2000)
+			case faultRegistry:
+				// In the first half, so that the burst goes on against a
+				// registry that is down; 2-8 s, so that the instance started
+				// again inside it waits for it (it has no schema cached) past
+				// the idle timeout, within the 30 s the start gives it.
+				p.At = time.Duration(rrng.Int64N(int64(p.Length/2) + 1)).Round(time.Millisecond)
+				p.Slot, p.Dur = rrng.IntN(running), time.Duration(2000+rrng.IntN(6001))*time.Millisecond
 			case faultScaleUp:
 				p.At = ms(0, int(p.Length.Milliseconds()))
 				running = 3
@@ -312,8 +345,12 @@ func (s schedule) records() int {
 
 func (s schedule) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "schedule of seed %d (input seed %d): %d phases, %s planned, %d records\n",
-		s.Seed, s.InputSeed, len(s.Phases), s.length(), s.records())
+	reg := ""
+	if s.Registry {
+		reg = ", through a schema registry"
+	}
+	fmt.Fprintf(&b, "schedule of seed %d (input seed %d, --late=%s%s): %d phases, %s planned, %d records\n",
+		s.Seed, s.InputSeed, s.Late, reg, len(s.Phases), s.length(), s.records())
 	for i, p := range s.Phases {
 		fmt.Fprintf(&b, "  phase %2d: %s\n", i, p)
 	}
@@ -471,6 +508,64 @@ func TestChaosSchedule(t *testing.T) {
 	}
 	if partial*3 < cuts || partial*3 > 2*cuts {
 		t.Errorf("%d of %d network cuts on a cluster were from one node only, want about half", partial, cuts)
+	}
+	// The late policy: apply in about half the runs that may use it, never
+	// in the others, and the rest of a seed's schedule the same either way.
+	lp := pt
+	lp.lateApply = true
+	applied := 0
+	for seed := uint64(1); seed <= 200; seed++ {
+		a, b := makeSchedule(seed, 3*time.Minute, lp), makeSchedule(seed, 3*time.Minute, pt)
+		if b.Late != "dlq" {
+			t.Fatalf("seed %d: --late=%s where apply is not allowed", seed, b.Late)
+		}
+		if a.Late == "apply" {
+			applied++
+		} else if a.Late != "dlq" {
+			t.Fatalf("seed %d: --late=%q", seed, a.Late)
+		}
+		if !slices.Equal(a.Phases, b.Phases) || a.InputSeed != b.InputSeed {
+			t.Fatalf("seed %d: the late policy changed the schedule:\n%s\n%s", seed, a, b)
+		}
+	}
+	if applied < 70 || applied > 130 {
+		t.Errorf("%d of 200 schedules use --late=apply, want about half", applied)
+	}
+	// The registry: in about half the runs that may, and then one outage a
+	// round, 2-8 s, of a running instance's slot; never otherwise.
+	rp := pt
+	rp.registry = true
+	regRuns := 0
+	for seed := uint64(1); seed <= 200; seed++ {
+		a := makeSchedule(seed, 3*time.Minute, rp)
+		running, outages, rounds := 1, 0, 0
+		for i, p := range a.Phases {
+			switch p.Fault {
+			case faultScaleUp:
+				running = 3
+			case faultScaleDown:
+				running = 1
+			case faultGraceful:
+				rounds++
+			case faultRegistry:
+				outages++
+				if !a.Registry || p.Slot >= running || p.Dur < 2*time.Second || p.Dur > 8*time.Second || p.At > p.Length/2 {
+					t.Fatalf("seed %d phase %d: %s in a schedule with registry=%v, %d running", seed, i, p, a.Registry, running)
+				}
+			}
+		}
+		if a.Registry {
+			regRuns++
+			if outages != rounds {
+				t.Fatalf("seed %d: %d registry outages over %d rounds", seed, outages, rounds)
+			}
+		}
+		if b := makeSchedule(seed, 3*time.Minute, pt); b.Registry || slices.ContainsFunc(b.Phases, func(p phase) bool { return p.Fault == faultRegistry }) {
+			t.Fatalf("seed %d: a registry where none may be", seed)
+		}
+	}
+	if regRuns < 70 || regRuns > 130 {
+		t.Errorf("%d of 200 schedules read through a registry, want about half", regRuns)
 	}
 	one := makeSchedule(1, 0, pt)
 	t.Logf("a one-round schedule plans %s:\n%s", one.length(), one)
