@@ -2,6 +2,7 @@ package service
 
 import (
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -207,5 +208,94 @@ func TestIdleRuleReadsPastTransactionMarkers(t *testing.T) {
 		if want := src.Offset + 1; len(outs) != 1 || f.Windows[0].Count != want || f.Windows[0].SumMinor != 100*want {
 			t.Fatalf("input %d: %d outputs, count %d sum %d; want one, %d and %d (no aborted amount)", src.Offset, len(outs), f.Windows[0].Count, f.Windows[0].SumMinor, want, 100*want)
 		}
+	}
+}
+
+// TestIdleChecksShareOneRequest: partitions that are quiet with records left at
+// the broker (here their fetches are held) ask for the input's last stable
+// offsets every tick until they have read them. They ask together: one
+// request answers every partition waiting, at most one a tick, where each
+// partition sent its own before (8 partitions: about 8 a tick). Once the
+// fetches go on, every record is read and counted.
+func TestIdleChecksShareOneRequest(t *testing.T) {
+	const parts = 8
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(parts, inTopic, outTopic, dlqTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	brokers := c.ListenAddrs()
+
+	// Once every partition has asked for offset 1 (it has read its first
+	// record), fetches from offset 1 sleep until hold is closed.
+	hold := make(chan struct{})
+	held := make(chan struct{})
+	var once sync.Once
+	asked := map[int32]bool{}
+	c.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		for _, tp := range req.(*kmsg.FetchRequest).Topics {
+			for _, p := range tp.Partitions {
+				if p.FetchOffset >= 1 {
+					asked[p.Partition] = true
+				}
+			}
+		}
+		if len(asked) == parts {
+			once.Do(func() { close(held) })
+			select {
+			case <-hold:
+			default:
+				c.SleepControl(func() { <-hold })
+			}
+		}
+		return nil, nil, false
+	})
+	var lists atomic.Int64
+	c.ControlKey(int16(kmsg.ListOffsets), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		lists.Add(1)
+		return nil, nil, false
+	})
+
+	const base = int64(1_795_000_000_000)
+	recs := func(n int) []*kgo.Record {
+		var out []*kgo.Record
+		for p := range int32(parts) {
+			id := fmt.Sprintf("p%d-%d", p, n)
+			out = append(out, &kgo.Record{Topic: inTopic, Partition: p, Key: []byte(fmt.Sprint("card-", p)), Timestamp: time.UnixMilli(base + int64(n)),
+				Value: codec.EncodeTransaction(&codec.Transaction{EventID: id, EntityID: fmt.Sprint("card-", p), AmountMinor: 100, Currency: "EUR", EventTime: base + int64(n)})})
+		}
+		return out
+	}
+	produce(t, brokers, recs(0))
+	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
+	// Every event is within the lateness of the newest: pending, so every
+	// quiet partition asks for the idle verdict.
+	cfg.Watermark = watermark.Config{AllowedLateness: 60_000, IdleTimeout: 200 * time.Millisecond}
+	svc, _ := startService(t, cfg)
+	select {
+	case <-held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the service never fetched past offset 0 of every partition")
+	}
+	produce(t, brokers, recs(1)) // left at the broker: the partitions are not idle
+
+	every := svc.tickEvery()
+	time.Sleep(3 * cfg.Watermark.IdleTimeout) // quiet past the idle timeout: every partition asks
+	before, begin := lists.Load(), time.Now()
+	time.Sleep(30 * every)
+	n, window := lists.Load()-before, time.Since(begin)
+	// At most one request an interval, and one more for an interval cut by
+	// either end of the window.
+	if most := int64(window/every) + 2; n > most {
+		t.Errorf("%d ListOffsets requests in %s of ticks every %s for %d quiet partitions, want at most %d: one request for them all", n, window.Round(time.Millisecond), every, parts, most)
+	}
+	if n == 0 {
+		t.Errorf("no ListOffsets request in %s: the quiet partitions did not ask for the idle verdict", window.Round(time.Millisecond))
+	}
+	close(hold)
+	if got := readOutputs(t, brokers, 2*parts, 60*time.Second); len(got) != 2*parts {
+		t.Fatalf("%d inputs with outputs after the fetches went on, want %d", len(got), 2*parts)
 	}
 }

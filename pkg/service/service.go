@@ -207,12 +207,14 @@ const (
 
 // Service runs the consumer group. Create it with New and call Run once.
 type Service struct {
-	cfg   Config
-	log   *zap.Logger
-	m     *metrics.Metrics
-	dec   codec.Decoder
-	cons  *kgo.Client
-	adm   *kadm.Client
+	cfg  Config
+	log  *zap.Logger
+	m    *metrics.Metrics
+	dec  codec.Decoder
+	cons *kgo.Client
+	adm  *kadm.Client
+	// lso answers the idle verdicts' questions, one request for them all.
+	lso   *lsoLookup
 	sinks []*sink.Sink // one per producer client; partition p uses sinks[p mod len]
 	// roundTimer bounds the poll loop's wait for a poll's batches (poll loop only).
 	roundTimer *time.Timer
@@ -442,6 +444,9 @@ func (s *Service) Run(ctx context.Context) error {
 		s.beforeSetUp()
 	}
 	s.cons, s.adm = cons, kadm.NewClient(cons)
+	s.lso = &lsoLookup{topic: s.cfg.InputTopic, run: s.bg.Go, every: s.tickEvery(), list: func(ctx context.Context) (kadm.ListedOffsets, error) {
+		return s.adm.ListCommittedOffsets(ctx, s.cfg.InputTopic)
+	}}
 	// Verify the cluster answers before declaring readiness, so a wrong
 	// --brokers fails within startPing with a clear message instead of
 	// retrying forever; through what a broker restarting answers meanwhile

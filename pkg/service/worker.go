@@ -426,9 +426,13 @@ func (w *worker) drainQuit() {
 	go func() { <-w.quit }()
 }
 
-func (w *worker) tickEvery() time.Duration {
+func (w *worker) tickEvery() time.Duration { return w.s.tickEvery() }
+
+// tickEvery is how often a worker ticks: 100 ms, or a quarter of the idle
+// timeout if shorter, so that the idle rule fires within a quarter of it.
+func (s *Service) tickEvery() time.Duration {
 	d := 100 * time.Millisecond
-	if it := w.s.cfg.Watermark.IdleTimeout; it > 0 && it/4 < d {
+	if it := s.cfg.Watermark.IdleTimeout; it > 0 && it/4 < d {
 		d = max(it/4, time.Millisecond)
 	}
 	return d
@@ -505,7 +509,8 @@ func (w *worker) process(b batch) {
 // a poll hands over (at most maxPollRecords) and of a fetch cut by its byte
 // limits; nor an offset unchanged for a while, which a slow fetch, a poll loop
 // held up or a process frozen and woken up also shows. The check runs on a
-// goroutine of its own: a slow broker delays the verdict, not the partition.
+// goroutine of its own, shared by every partition (lsoLookup): a slow broker
+// delays the verdict, not the partition.
 func (w *worker) idleVerdict() bool {
 	if !w.proc.NeedsIdleVerdict() && !w.proc.WaitsForIdle() {
 		return false
@@ -525,18 +530,7 @@ func (w *worker) idleVerdict() bool {
 	}
 	if quiet && !w.idleChecking {
 		w.idleChecking = true
-		s, p, out, gen := w.s, w.part, w.idleCheck, w.quietGen
-		s.bg.Go(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			end := int64(-1)
-			if l, err := s.adm.ListCommittedOffsets(ctx, s.cfg.InputTopic); err == nil {
-				if o, ok := l.Lookup(s.cfg.InputTopic, p); ok && o.Err == nil {
-					end = o.Offset
-				}
-			}
-			out <- idleAnswer{gen, end}
-		})
+		w.s.lso.ask(lsoAsk{part: w.part, gen: w.quietGen, out: w.idleCheck})
 	}
 	return false
 }
