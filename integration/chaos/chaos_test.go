@@ -473,7 +473,10 @@ func runChaos(t *testing.T, c *kafkatest.PrivateCluster, bin string, v variant, 
 	store := v.store
 	rks := v.rekeyedGroups(t)
 	sched := makeSchedule(seed, env.duration, planTimes{session: sessionTimeout, idle: idleTimeout, pauses: len(rks) == 0,
-		nodes: len(nodes), nodeSession: nodeSession, lateApply: len(rks) == 0, registry: v.features == ""})
+		nodes: len(nodes), nodeSession: nodeSession, lateApply: len(rks) == 0, registry: true})
+	for i := range rks {
+		rks[i].out.wire = sched.Registry
+	}
 	repro := fmt.Sprintf("VELOCITY_REQUIRE_KAFKA=1 VELOCITY_CHAOS_SEED=%d VELOCITY_CHAOS_DURATION=%s go test -tags integration -count=1 -v -run 'TestChaos/^%s$/' ./integration/chaos/",
 		seed, env.duration, v.name)
 	fmt.Fprintf(os.Stderr, "chaos: store %s, seed %d (reproduce: %s)\n", store, seed, repro)
@@ -739,6 +742,13 @@ func runChaos(t *testing.T, c *kafkatest.PrivateCluster, bin string, v variant, 
 			}
 			for _, cp := range rk.cps {
 				fails = append(fails, prefixAll("group "+rk.name+": ", check(cp, gin))...)
+			}
+			if r.reg != nil {
+				outs := []map[srcKey][]output{replayByGroup[i]}
+				for _, cp := range rk.cps {
+					outs = append(outs, cp.outs)
+				}
+				fails = append(fails, prefixAll("group "+rk.name+": ", r.checkSchemaIDs(rk.out, outs...))...)
 			}
 			for _, col := range []*collector{rk.live, rk.raw} {
 				if bad, _ := col.problems(); len(bad) > 0 {

@@ -170,7 +170,9 @@ type planTimes struct {
 	// lateApply: the run may use --late=apply (not with re-keyed groups,
 	// which refuse it).
 	lateApply bool
-	// registry: the run may read its input through a schema registry.
+	// registry: the run may read its input through a schema registry (every
+	// variant may: a definition's mapping and a re-keyed group's registered
+	// output are paths of their own).
 	registry bool
 }
 
