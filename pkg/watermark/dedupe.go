@@ -157,9 +157,11 @@ func (v *idView) at(i int) idEntry {
 //     and each pop is preceded by delOlder for its id with a bound above the entry's
 //     time: if the slot still points at that entry, its time is below the bound and
 //     the slot goes first.
-//   - an id's acceptances have strictly increasing times (a re-acceptance needs the
-//     old time expired or, for Remember, older), so comparing the slot's time with a
-//     bound, as the {hash, time} table did, decides exactly as before.
+//   - an id's acceptances have strictly increasing times (an accepted or remembered
+//     time is inside the horizon, so it is later than an expired one, and Remember
+//     replaces a live time only with a later one), so comparing the slot's time with a
+//     bound, as the {hash, time} table did, decides exactly as before, and a pop's
+//     delOlder removes the slot exactly when it points at the popped entry.
 //   - the ring holds at most 2^32 entries (idRing.push), so a position mod 2^32 names
 //     one entry.
 type idTable struct {
@@ -173,8 +175,9 @@ const idShards = 64
 type idSlot uint64
 
 // fpOf is k's fingerprint: the low 32 bits of its hash's low half, which also give
-// its home slot (fp & mask; a shard never has 2^32 slots), so that growing and
-// backward-shift deletion need only the slots, never the ring. 0 marks an empty slot
+// its home slot (fp & mask, as the {hash, time} table's home was; a shard of more than
+// 2^32 slots would only crowd its lower half), so that growing and backward-shift
+// deletion need only the slots, never the ring. 0 marks an empty slot
 // and is folded onto 1; a fingerprint that matches is confirmed on the ring's full
 // hash, so folding costs nothing but a rare extra look.
 func fpOf(k idKey) uint32 {

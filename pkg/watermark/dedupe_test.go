@@ -20,7 +20,11 @@ func setID(sh *idShard, r *idRing, k idKey, t int64) {
 // is where backward-shift deletion goes wrong if it is going to; and many keys share
 // one fingerprint, so a matching fingerprint must be told apart on the ring's hash.
 func TestIDTableMatchesMap(t *testing.T) {
-	for seed := range 20 {
+	seeds := 20
+	if raceEnabled {
+		seeds = 4 // single-goroutine, and its long probe runs are ~30x slower under -race
+	}
+	for seed := range seeds {
 		r := rand.New(rand.NewPCG(uint64(seed), 99))
 		var tab idShard
 		var sharded idTable
@@ -29,8 +33,9 @@ func TestIDTableMatchesMap(t *testing.T) {
 		keys := make([]idKey, 3000)
 		for i := range keys {
 			// lo near the top of the index range forces wrap-around once the shard is
-			// 8192 wide (3000 keys at most 0.75 full), and at every smaller width.
-			keys[i] = idKey{hi: r.Uint64() | 1, lo: uint64(8188+r.IntN(8)+8192*r.IntN(4)) | r.Uint64()<<32}
+			// 8192 wide (3000 keys at most 0.75 full), and at every smaller width; its
+			// low 32 bits, the fingerprint, take 512 values, about 6 keys each.
+			keys[i] = idKey{hi: r.Uint64() | 1, lo: uint64(8188+r.IntN(8)+8192*r.IntN(64)) | r.Uint64()<<32}
 		}
 		for step := range 20000 {
 			k := keys[r.IntN(len(keys))]
