@@ -12,9 +12,13 @@ import (
 
 // twin runs this package's Stage and the frozen reference (refwm: the same Stage with
 // the {hash, time} table the compact one replaced) on the same operations; every
-// answer, release, count and snapshot byte of the two must be equal.
+// answer, release, count and snapshot byte of the two must be equal. Everything the
+// reference answers also goes into tr, whose digest per (case, seed, steps) is kept
+// in transcriptGolden: that file lets a test without the reference check the same
+// runs once refwm is gone.
 type twin struct {
 	t              *testing.T
+	tr             *transcript
 	cfg            Config
 	n              *Stage
 	o              *refwm.Stage
@@ -43,7 +47,7 @@ func refConfig(c Config, store *memSegments) refwm.Config {
 }
 
 func newTwin(t *testing.T, cfg Config, segmented bool) *twin {
-	tw := &twin{t: t, cfg: cfg, nstore: newMemSegments(), ostore: newMemSegments()}
+	tw := &twin{t: t, tr: newTranscript(), cfg: cfg, nstore: newMemSegments(), ostore: newMemSegments()}
 	if segmented {
 		tw.cfg.Segments = tw.nstore
 	}
@@ -83,6 +87,16 @@ func (tw *twin) check(what string) {
 			what, n.DedupeIDs(), o.DedupeIDs(), n.ids.len(), n.DedupeCapEvictions(), o.DedupeCapEvictions(), n.Pending(), o.Pending(),
 			n.PendingBytes(), o.PendingBytes(), n.Pressure(), o.Pressure(), nw, nok, ow, ook)
 	}
+	tw.tr.state(o.DedupeIDs(), o.DedupeCapEvictions(), o.Pending(), o.PendingBytes(), o.Pressure(), ow, ook)
+}
+
+// refEvents converts the reference's events for the transcript.
+func refEvents(b []refwm.Event) []Event {
+	a := make([]Event, len(b))
+	for i := range b {
+		a[i] = Event(b[i])
+	}
+	return a
 }
 
 // finish completes the oldest open snapshot of both and compares their bytes.
@@ -92,15 +106,24 @@ func (tw *twin) finish() {
 	tw.open = tw.open[1:]
 	nb, nerr := s.np.Finish(s.nbuf, 0)
 	ob, oerr := s.op.Finish(s.obuf, 0)
-	if (nerr == nil) != (oerr == nil) || !bytes.Equal(nb, ob) {
+	if (nerr == nil) != (oerr == nil) || (nerr != nil && nerr.Error() != oerr.Error()) || !bytes.Equal(nb, ob) {
 		tw.t.Fatalf("snapshot (segmented %v) differs: %d bytes, err %v; reference %d bytes, err %v", s.segmented, len(nb), nerr, len(ob), oerr)
 	}
+	tw.tr.tag('E')
+	tw.tr.bool(s.segmented)
+	tw.tr.bytes(ob)
+	tw.tr.err(oerr)
 	tw.n.EndSnapshot(s.np)
 	tw.o.EndSnapshot(s.op)
 	if s.segmented && nerr == nil {
 		ng, og := tw.n.SnapshotSaved(s.np), tw.o.SnapshotSaved(s.op)
 		if !slices.EqualFunc(ng, og, bytes.Equal) {
 			tw.t.Fatalf("segments dropped differ: %q, reference %q", ng, og)
+		}
+		tw.tr.tag('G')
+		tw.tr.int(int64(len(og)))
+		for _, g := range og {
+			tw.tr.bytes(g)
 		}
 		tw.nstore.delete(ng)
 		tw.ostore.delete(og)
@@ -117,6 +140,9 @@ func (tw *twin) restore(cfg Config) {
 	data := tw.n.AppendSnapshot(nil)
 	if ref := tw.o.AppendSnapshot(nil); !bytes.Equal(data, ref) {
 		tw.t.Fatalf("AppendSnapshot differs before restore: %d bytes, reference %d", len(data), len(ref))
+	} else {
+		tw.tr.tag('A')
+		tw.tr.bytes(ref)
 	}
 	if tw.cfg.Segments != nil {
 		cfg.Segments = tw.nstore
@@ -126,10 +152,17 @@ func (tw *twin) restore(cfg Config) {
 	if nerr != nil || oerr != nil {
 		tw.t.Fatalf("restore: %v; reference %v", nerr, oerr)
 	}
+	tw.tr.tag('T')
+	tw.tr.int(cfg.DedupeHorizon)
+	tw.tr.int(int64(cfg.MaxDedupeIDs))
+	tw.tr.err(oerr)
 	tw.n, tw.o, tw.cfg = n, o, cfg
 	tw.check("restore")
 	if a, b := n.AppendSnapshot(nil), o.AppendSnapshot(nil); !bytes.Equal(a, b) {
 		tw.t.Fatalf("snapshot after restore differs: %d bytes, reference %d", len(a), len(b))
+	} else {
+		tw.tr.tag('A')
+		tw.tr.bytes(b)
 	}
 }
 
@@ -157,7 +190,9 @@ func (tw *twin) run(r *rand.Rand, steps, poolSize int, step int64) {
 	}
 	for i := range steps {
 		what := ""
-		switch op := r.IntN(100); {
+		op := r.IntN(100)
+		tw.tr.step(i, op)
+		switch {
 		case op < 45:
 			off++
 			ev := Event{Offset: off, EventTime: evTime(), EventID: id(), EntityID: "x", Amount: r.Int64N(100), Size: int32(r.IntN(300)), Aux: r.Int64()}
@@ -171,12 +206,14 @@ func (tw *twin) run(r *rand.Rand, steps, poolSize int, step int64) {
 				if int(nv) != int(ov) {
 					tw.t.Fatalf("step %d: Offer(%q at %d) = %v, reference %v", i, ev.EventID, ev.EventTime, nv, ov)
 				}
+				tw.tr.verdict(uint8(ov), false, false)
 			case 1, 2:
 				oev := refwm.Event(ev)
 				var nv Verdict
 				var ov refwm.Verdict
 				var nnow, onow bool
-				if r.IntN(2) == 0 {
+				borrowed := r.IntN(2) != 0
+				if !borrowed {
 					nv, nnow = tw.n.OfferNow(&ev)
 					ov, onow = tw.o.OfferNow(&oev)
 				} else {
@@ -186,6 +223,8 @@ func (tw *twin) run(r *rand.Rand, steps, poolSize int, step int64) {
 				if int(nv) != int(ov) || nnow != onow {
 					tw.t.Fatalf("step %d: OfferNow(%q at %d) = %v, %v; reference %v, %v", i, ev.EventID, ev.EventTime, nv, nnow, ov, onow)
 				}
+				tw.tr.bool(borrowed)
+				tw.tr.verdict(uint8(ov), onow, true)
 			}
 			what = "offer"
 		case op < 60:
@@ -193,6 +232,7 @@ func (tw *twin) run(r *rand.Rand, steps, poolSize int, step int64) {
 			if !sameAsRef(nout, oout) {
 				tw.t.Fatalf("step %d: Ready released %d events, reference %d (or others)", i, len(nout), len(oout))
 			}
+			tw.tr.events('R', refEvents(oout))
 			what = "ready"
 		case op < 70:
 			// Remember of older times, of ids live and not, and now and then of
@@ -203,9 +243,12 @@ func (tw *twin) run(r *rand.Rand, steps, poolSize int, step int64) {
 			what = "remember"
 		case op < 78:
 			e := id()
-			if a, b := tw.n.Seen(e), tw.o.Seen(e); a != b {
+			a, b := tw.n.Seen(e), tw.o.Seen(e)
+			if a != b {
 				tw.t.Fatalf("step %d: Seen(%q) = %v, reference %v", i, e, a, b)
 			}
+			tw.tr.tag('Q')
+			tw.tr.bool(b)
 		case op < 85:
 			if len(tw.open) < 3 {
 				s := twinSnap{segmented: r.IntN(2) == 0 && tw.cfg.Segments != nil}
@@ -214,6 +257,9 @@ func (tw *twin) run(r *rand.Rand, steps, poolSize int, step int64) {
 				if !bytes.Equal(s.nbuf, s.obuf) {
 					tw.t.Fatalf("step %d: BeginSnapshot differs", i)
 				}
+				tw.tr.tag('B')
+				tw.tr.bool(s.segmented)
+				tw.tr.bytes(s.obuf)
 				tw.open = append(tw.open, s)
 			}
 			what = "begin snapshot"
@@ -225,6 +271,9 @@ func (tw *twin) run(r *rand.Rand, steps, poolSize int, step int64) {
 		case op < 95:
 			if a, b := tw.n.AppendSnapshot(nil), tw.o.AppendSnapshot(nil); !bytes.Equal(a, b) {
 				tw.t.Fatalf("step %d: AppendSnapshot differs: %d bytes, reference %d", i, len(a), len(b))
+			} else {
+				tw.tr.tag('A')
+				tw.tr.bytes(b)
 			}
 		case op < 97:
 			cfg := tw.cfg
@@ -241,6 +290,7 @@ func (tw *twin) run(r *rand.Rand, steps, poolSize int, step int64) {
 			if !sameAsRef(nout, oout) {
 				tw.t.Fatalf("step %d: FlushAll released %d events, reference %d (or others)", i, len(nout), len(oout))
 			}
+			tw.tr.events('F', refEvents(oout))
 			what = "flush"
 		default:
 			what = "nothing"
@@ -257,6 +307,10 @@ func (tw *twin) run(r *rand.Rand, steps, poolSize int, step int64) {
 // on the frozen reference side by side (see twin): inserts, duplicates, expiry, cap
 // evictions, Remember of older times, snapshots left open while the stages go on,
 // segmented and inline snapshots, and restores under the same or a changed config.
+// Each run's transcript of the reference's answers must match transcriptGolden;
+// -update-transcripts writes that file instead, for every case and seed at both the
+// full and the -short number of steps, from runs on which the two stages agreed at
+// every step.
 func TestMatchesReferenceSet(t *testing.T) {
 	cases := []struct {
 		name      string
@@ -276,21 +330,53 @@ func TestMatchesReferenceSet(t *testing.T) {
 		// expires back, and the ring spans many blocks.
 		{"large set", Config{AllowedLateness: 100, DedupeHorizon: 1 << 20}, false, 400_000, 300_000, 3},
 	}
+	const allSeeds = 4
+	var golden map[transcriptKey]string
+	if !*updateTranscripts {
+		golden = readTranscripts(t)
+	}
+	var keys []transcriptKey
+	sums := map[transcriptKey]string{}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			steps, seeds := c.steps, 4
-			if testing.Short() {
-				steps /= 10
+			stepCounts, seeds := []int{c.steps}, allSeeds
+			switch {
+			case *updateTranscripts:
+				stepCounts = []int{c.steps, c.steps / 10}
+			case testing.Short():
+				stepCounts = []int{c.steps / 10}
 			}
-			if raceEnabled && c.steps > 100_000 {
+			if raceEnabled && c.steps > 100_000 && !*updateTranscripts {
 				// The race detector makes the large set about 30 times slower,
 				// and this test runs on one goroutine: one seed is enough there.
 				seeds = 1
 			}
-			for seed := range seeds {
-				tw := newTwin(t, c.cfg, c.segmented)
-				tw.run(rand.New(rand.NewPCG(uint64(seed), 7)), steps, c.pool, c.step)
+			for _, steps := range stepCounts {
+				for seed := range seeds {
+					tw := newTwin(t, c.cfg, c.segmented)
+					tw.run(rand.New(rand.NewPCG(uint64(seed), 7)), steps, c.pool, c.step)
+					k := transcriptKey{c.name, seed, steps}
+					keys = append(keys, k)
+					sums[k] = tw.tr.sum()
+					if golden == nil {
+						continue
+					}
+					if want, ok := golden[k]; !ok {
+						t.Errorf("seed %d, %d steps: no transcript in %s", seed, steps, transcriptGolden)
+					} else if sums[k] != want {
+						t.Errorf("seed %d, %d steps: transcript %s, golden %s", seed, steps, sums[k], want)
+					}
+				}
 			}
 		})
+	}
+	if *updateTranscripts && !t.Failed() {
+		header := "# TestMatchesReferenceSet: case, seed, steps, SHA-256 of the transcript of the reference's answers.\n" +
+			"# Recorded by the twin (this Stage and pkg/watermark/internal/refwm agreeing at every step);\n" +
+			"# never regenerate it from the current package alone.\n"
+		if err := writeTranscripts(keys, sums, header); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("wrote %d transcripts to %s", len(keys), transcriptGolden)
 	}
 }
