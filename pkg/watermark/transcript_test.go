@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"flag"
-	"fmt"
 	"hash"
 	"os"
 	"strconv"
@@ -14,15 +13,16 @@ import (
 	"testing"
 )
 
-// updateTranscripts makes TestMatchesReferenceSet write transcriptGolden. Only the
-// commit that still has the reference package may do that (see transcriptGolden).
+// updateTranscripts wrote transcriptGolden in db89bd3, the last commit with the
+// reference package; here TestMatchesReferenceSet refuses it (see differential_test.go).
 var updateTranscripts = flag.Bool("update-transcripts", false,
-	"write "+transcriptGolden+" from the reference side of TestMatchesReferenceSet")
+	"refused: "+transcriptGolden+" is written only by db89bd3, which has the reference package")
 
 // transcriptGolden holds one line per (case, seed, steps) of TestMatchesReferenceSet:
 // the case's name, the seed, the number of steps and the SHA-256 of the transcript of
 // everything the reference package (the dedupe set before the compact table) answered
-// on that run, tab-separated. Lines starting with # are comments.
+// on that run, tab-separated. Lines starting with # are comments. Recorded by
+// db89bd3's twin; never regenerate it from the current package.
 const transcriptGolden = "testdata/dedupe_transcripts.golden"
 
 // transcript is a SHA-256 of a sequence of observations, each tagged with what it is,
@@ -181,17 +181,4 @@ func readTranscripts(t *testing.T) map[transcriptKey]string {
 		t.Fatal(err)
 	}
 	return m
-}
-
-// writeTranscripts writes transcriptGolden: keys in the order given.
-func writeTranscripts(keys []transcriptKey, sums map[transcriptKey]string, header string) error {
-	var b strings.Builder
-	b.WriteString(header)
-	for _, k := range keys {
-		fmt.Fprintf(&b, "%s\t%d\t%d\t%s\n", k.name, k.seed, k.steps, sums[k])
-	}
-	if err := os.MkdirAll("testdata", 0o755); err != nil {
-		return err
-	}
-	return os.WriteFile(transcriptGolden, []byte(b.String()), 0o644)
 }
