@@ -10,7 +10,7 @@ func (s *Stage) Seen(eventID string) bool {
 	if !s.dedupe {
 		return false
 	}
-	t0, found := s.ids.get(hashID(eventID))
+	t0, found := s.ids.get(hashID(eventID), &s.ring)
 	return found && s.live(t0)
 }
 

@@ -156,7 +156,7 @@ func (s *Stage) BeginSnapshotWith(dst []byte, segmented bool) ([]byte, *PendingS
 			if !s.live(e.t) {
 				continue
 			}
-			if t0, ok := s.ids.get(e.k); !ok || t0 != e.t {
+			if t0, ok := s.ids.get(e.k, &s.ring); !ok || t0 != e.t {
 				continue
 			}
 			dst = appendID(dst, e)
@@ -270,12 +270,14 @@ func (s *Stage) restoreID(r *reader, k idKey, t int64) bool {
 	if !s.dedupe || !s.live(t) {
 		return true
 	}
-	if _, dup := s.ids.get(k); dup {
+	sh := s.ids.shard(k)
+	sh.reserve()
+	slot, _, dup := sh.find(k, &s.ring)
+	if dup {
 		r.fail("id %016x%016x appears twice", k.hi, k.lo)
 		return false
 	}
-	s.ids.set(k, t)
-	s.ring.push(idEntry{k: k, t: t})
+	s.pushID(sh, slot, false, k, t)
 	return true
 }
 

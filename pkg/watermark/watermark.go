@@ -337,8 +337,9 @@ func (s *Stage) admit(ev *Event) Verdict {
 		k = hashID(ev.EventID)
 		sh = s.ids.shard(k)
 		sh.reserve()
-		slot, found = sh.find(k)
-		if found && s.live(sh.slots[slot].t) {
+		var t0 int64
+		slot, t0, found = sh.find(k, &s.ring)
+		if found && s.live(t0) {
 			return Duplicate
 		}
 	}
@@ -350,8 +351,7 @@ func (s *Stage) admit(ev *Event) Verdict {
 		// after expiry; either way the new time is the one to remember. It is stored
 		// before expire runs, because expire may shift slots; it survives expire since
 		// its time is >= wm >= maxSeen − horizon (horizon >= lateness).
-		sh.putAt(slot, found, k, ev.EventTime)
-		s.ring.push(idEntry{k: k, t: ev.EventTime})
+		s.pushID(sh, slot, found, k, ev.EventTime)
 		if s.maxIDs > 0 && s.ring.n > s.maxIDs {
 			s.capIDs()
 		}
@@ -402,7 +402,8 @@ func (s *Stage) PrefetchID(eventID []byte) {
 	if len(sh.slots) == 0 {
 		return
 	}
-	prefetch.Line(uintptr(unsafe.Pointer(&sh.slots[int(h.Lo)&(len(sh.slots)-1)])))
+	home := int(fpOf(idKey{hi: h.Hi, lo: h.Lo})) & (len(sh.slots) - 1)
+	prefetch.Line(uintptr(unsafe.Pointer(&sh.slots[home])))
 }
 
 // Upcoming returns the entity of the event i places behind the next one Ready would
@@ -429,17 +430,28 @@ func (s *Stage) Remember(eventID string, eventTime int64) {
 		return
 	}
 	k := hashID(eventID)
-	if t0, ok := s.ids.get(k); ok && s.live(t0) {
+	sh := s.ids.shard(k)
+	sh.reserve()
+	slot, t0, ok := sh.find(k, &s.ring)
+	if ok && s.live(t0) {
 		if t0 >= eventTime {
 			return
 		}
 		s.superseded = true
 	}
-	s.ids.set(k, eventTime)
-	s.ring.push(idEntry{k: k, t: eventTime})
+	s.pushID(sh, slot, ok, k, eventTime)
 	if s.maxIDs > 0 && s.ring.n > s.maxIDs {
 		s.capIDs()
 	}
+}
+
+// pushID records k accepted at t: its FIFO entry, and its table slot (slot and found
+// as find returned them, after reserve) pointed at that entry. Every change to a slot
+// but a deletion goes through here, which keeps idTable's first invariant; the caller
+// keeps the second (t is later than any live or remembered time of k).
+func (s *Stage) pushID(sh *idShard, slot int, found bool, k idKey, t int64) {
+	sh.putAt(slot, found, k, s.ring.pos())
+	s.ring.push(idEntry{k: k, t: t})
 }
 
 // capIDs forgets the oldest accepted ids until at most maxIDs remain, as expire
@@ -447,17 +459,18 @@ func (s *Stage) Remember(eventID string, eventTime int64) {
 // it unless the id was accepted again later (a younger entry then stands for it).
 func (s *Stage) capIDs() {
 	for s.ring.n > s.maxIDs {
+		// delOlder first: the slot may point at this entry, which it reads.
 		e := s.ring.front()
+		s.ids.delOlder(e.k, e.t+1, &s.ring)
 		s.ring.pop()
-		s.ids.delOlder(e.k, e.t+1)
 		s.capEvicted++
 	}
 }
 
 // DedupeIDs is the number of ids the dedupe set remembers (entries of its
 // acceptance FIFO: an id Remember refreshed may count twice until the older one
-// expires). Its memory is about 80 bytes per id (a 24-byte FIFO entry and a
-// 24-byte hash-table slot at a load of 0.35–0.6).
+// expires). Its memory is about 40 bytes per id (a 24-byte FIFO entry and an
+// 8-byte hash-table slot at a load of 0.25–0.75).
 func (s *Stage) DedupeIDs() int { return s.ring.n }
 
 // DedupeCapEvictions is how many ids Config.MaxDedupeIDs made the set forget.
@@ -478,8 +491,8 @@ func (s *Stage) expire() {
 		if e.t >= floor {
 			return
 		}
+		s.ids.delOlder(e.k, floor, &s.ring) // before pop: the slot may point at e
 		s.ring.pop()
-		s.ids.delOlder(e.k, floor)
 	}
 }
 

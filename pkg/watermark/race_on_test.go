@@ -1,0 +1,5 @@
+//go:build race
+
+package watermark
+
+const raceEnabled = true
