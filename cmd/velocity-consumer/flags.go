@@ -187,7 +187,7 @@ func (p *pipelineFlags) register(e *envFlags) {
 	e.String(&p.late, "late", "dlq", "what to do with late events: dlq (dead-letter, uncounted) or apply (count it if its bucket is still retained and it is at most the largest window behind the watermark, emit with late=true)")
 	e.Duration(&p.idleTimeout, "idle-timeout", 2*time.Second, "live mode: release every pending event of a partition that delivered nothing for this long, once the broker confirms it holds nothing more for it (0 disables; replay never uses it)")
 	e.Duration(&p.dedupeHorizon, "dedupe-horizon", 24*time.Hour, "remember accepted event_ids for this much event time to dead-letter duplicates")
-	e.Int(&p.maxDedupeIDs, "max-dedupe-ids", 0, "per partition: most event_ids remembered for --dedupe-horizon (about 80 bytes each; the set grows with rate × horizon); beyond it the oldest accepted are forgotten first and a duplicate of one is accepted (0 = unlimited)")
+	e.Int(&p.maxDedupeIDs, "max-dedupe-ids", 0, "per partition: most event_ids remembered for --dedupe-horizon (about 40-50 bytes each; the set grows with rate × horizon); beyond it the oldest accepted are forgotten first and a duplicate of one is accepted (0 = unlimited)")
 	e.Int(&p.maxEntities, "max-entities", 5_000_000, "per partition: most entities kept; beyond it the least recently active is evicted, with a warning and a metric (0 = unlimited)")
 	e.Duration(&p.entityTTL, "entity-ttl", 7*24*time.Hour, "how far back ms_since_previous reaches (null beyond it); an entity whose windows are empty is kept this long after its last event")
 	e.Int(&p.maxRecordBytes, "max-record-bytes", 1<<20, "input values larger than this are dead-lettered as too_large")

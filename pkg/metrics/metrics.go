@@ -44,7 +44,7 @@ type Metrics struct {
 	Entities        *prometheus.GaugeVec
 	EntitiesEvicted *prometheus.CounterVec
 	// DedupeIDs is each partition's dedupe set size (pipeline.Processor.DedupeIDs),
-	// about 80 bytes of memory per id; DedupeEvicted counts the ids the
+	// about 40-50 bytes of memory per id; DedupeEvicted counts the ids the
 	// --max-dedupe-ids cap made it forget (Processor.DedupeCapEvictions).
 	DedupeIDs         *prometheus.GaugeVec
 	DedupeEvicted     *prometheus.CounterVec
@@ -165,7 +165,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "velocity_entities_evicted_total", Help: "Entities evicted: cause=idle (all windows empty) or cap (--max-entities).",
 		}, []string{"cause"}),
 		DedupeIDs: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "velocity_dedupe_ids", Help: "Event ids the partition remembers to dead-letter duplicates (--dedupe-horizon, capped by --max-dedupe-ids): about 80 bytes of memory each.",
+			Name: "velocity_dedupe_ids", Help: "Event ids the partition remembers to dead-letter duplicates (--dedupe-horizon, capped by --max-dedupe-ids): about 40-50 bytes of memory each.",
 		}, part),
 		DedupeEvicted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "velocity_dedupe_ids_evicted_total", Help: "Event ids forgotten before their --dedupe-horizon because of --max-dedupe-ids, by partition: a duplicate of one is not caught.",

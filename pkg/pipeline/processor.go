@@ -351,7 +351,7 @@ func (p *Processor) Entities() int { return p.table.Len() }
 func (p *Processor) CapEvictions() uint64 { return p.table.CapEvictions() }
 
 // DedupeIDs is how many event ids the partition's dedupe set remembers
-// (watermark.Stage.DedupeIDs): its memory is about 80 bytes per id.
+// (watermark.Stage.DedupeIDs): its memory is about 40-50 bytes per id.
 func (p *Processor) DedupeIDs() int { return p.stage.DedupeIDs() }
 
 // DedupeCapEvictions is how many ids watermark.Config.MaxDedupeIDs (--max-dedupe-ids)
