@@ -299,3 +299,108 @@ func TestIdleChecksShareOneRequest(t *testing.T) {
 		t.Fatalf("%d inputs with outputs after the fetches went on, want %d", len(got), 2*parts)
 	}
 }
+
+// TestIdleVerdictNeedsAnAnswerToItsOwnQuestion: a partition quiet with an event
+// pending asks the broker for its end; the answer is late, and the broker it
+// comes from answers with the end it had when asked (a leader frozen with the
+// request queued does that when it wakes). Meanwhile the partition read on,
+// went quiet again, and one more record waits at the broker. The late answer
+// is about the earlier spell, before those records: it must not release the
+// reorder buffer, or the record still waiting, older than the pending events,
+// is counted after them. It failed before the answer had to match its
+// question: a spell that ended while the partition was busy was never counted,
+// and the late answer passed for the new spell's (count 2 for the newest event,
+// 3 in replay).
+func TestIdleVerdictNeedsAnAnswerToItsOwnQuestion(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, inTopic, outTopic, dlqTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	brokers := c.ListenAddrs()
+
+	// The first idle check (latest offset, read_committed) waits until
+	// answerLate is closed, then gets the end as it was when asked (1).
+	answerLate := make(chan struct{})
+	asked := make(chan struct{})
+	var checks atomic.Int32
+	c.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		lr := req.(*kmsg.ListOffsetsRequest)
+		if lr.IsolationLevel != 1 || len(lr.Topics) == 0 || len(lr.Topics[0].Partitions) == 0 || lr.Topics[0].Partitions[0].Timestamp != -1 {
+			return nil, nil, false
+		}
+		if checks.Add(1) != 1 {
+			return nil, nil, false
+		}
+		close(asked)
+		c.SleepControl(func() { <-answerLate })
+		resp := lr.ResponseKind().(*kmsg.ListOffsetsResponse)
+		for _, rt := range lr.Topics {
+			st := kmsg.NewListOffsetsResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewListOffsetsResponseTopicPartition()
+				sp.Partition, sp.Offset, sp.Timestamp, sp.LeaderEpoch = rp.Partition, 1, -1, 0
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	// Fetches from offset 2 on wait until fetchOn is closed.
+	fetchOn := make(chan struct{})
+	c.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		for _, tp := range req.(*kmsg.FetchRequest).Topics {
+			for _, p := range tp.Partitions {
+				if p.FetchOffset >= 2 {
+					select {
+					case <-fetchOn:
+					default:
+						c.SleepControl(func() { <-fetchOn })
+					}
+				}
+			}
+		}
+		return nil, nil, false
+	})
+
+	const base = int64(1_795_000_000_000)
+	rec := func(id string, t int64) *kgo.Record {
+		return &kgo.Record{Topic: inTopic, Partition: 0, Key: []byte("card-1"), Timestamp: time.UnixMilli(t),
+			Value: codec.EncodeTransaction(&codec.Transaction{EventID: id, EntityID: "card-1", AmountMinor: 100, Currency: "EUR", EventTime: t})}
+	}
+	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
+	cfg.Watermark = watermark.Config{AllowedLateness: 5000, IdleTimeout: 300 * time.Millisecond}
+	produce(t, brokers, []*kgo.Record{rec("a", base+10_000)}) // offset 0: pending
+	startService(t, cfg)
+	select {
+	case <-asked: // quiet with a pending: the first check is out, and held
+	case <-time.After(30 * time.Second):
+		t.Fatal("the partition never asked for the idle verdict")
+	}
+	produce(t, brokers, []*kgo.Record{rec("b", base+9_800)}) // offset 1: read, pending
+	produce(t, brokers, []*kgo.Record{rec("c", base+9_600)}) // offset 2: waits at the broker
+	time.Sleep(4 * cfg.Watermark.IdleTimeout)                // read b, then quiet again
+	close(answerLate)                                        // the answer to the first question: end 1
+	time.Sleep(4 * cfg.Watermark.IdleTimeout)                // a release now would come before c
+	close(fetchOn)
+
+	got := readOutputs(t, brokers, 3, 60*time.Second)
+	counts := map[int64]int64{}
+	for src, outs := range got {
+		if len(outs) != 1 || outs[0].Dead {
+			t.Fatalf("input %d: outputs %+v, want one features record", src.Offset, outs)
+		}
+		f, err := codec.DecodeFeatures(outs[0].Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts[src.Offset] = f.Windows[0].Count
+	}
+	// Replay's order is c, b, a (event time): 1, 2, 3.
+	if want := map[int64]int64{0: 3, 1: 2, 2: 1}; counts[0] != want[0] || counts[1] != want[1] || counts[2] != want[2] {
+		t.Errorf("10s counts by input offset %v, want %v (as replay counts them)", counts, want)
+	}
+}

@@ -38,10 +38,10 @@ type lsoLookup struct {
 }
 
 // lsoAsk is one partition's question: its answer goes to out (buffered, and
-// the partition asks again only once it has the answer) with gen.
+// the partition asks again only once it has the answer) with q.
 type lsoAsk struct {
 	part int32
-	gen  uint64
+	q    idleQuestion
 	out  chan<- idleAnswer
 }
 
@@ -90,7 +90,7 @@ func (l *lsoLookup) loop() {
 					end = o.Offset
 				}
 			}
-			a.out <- idleAnswer{a.gen, end}
+			a.out <- idleAnswer{a.q, end}
 		}
 	}
 }

@@ -522,7 +522,9 @@ func (w *worker) idleVerdict() bool {
 	select {
 	case a := <-w.idleCheck:
 		w.idleChecking = false
-		if quiet && a.gen == w.quietGen && a.end >= 0 && a.end <= max(w.readTo, w.proc.Next()) {
+		if quiet && a.gen == w.quietGen && a.readTo == w.readTo && a.next == w.proc.Next() &&
+			time.Since(a.asked) <= w.s.cfg.Watermark.IdleTimeout &&
+			a.end >= 0 && a.end <= max(w.readTo, w.proc.Next()) {
 			return true
 		}
 		// Asked in another spell, no answer (ask again), or records to read.
@@ -530,15 +532,34 @@ func (w *worker) idleVerdict() bool {
 	}
 	if quiet && !w.idleChecking {
 		w.idleChecking = true
-		w.s.lso.ask(lsoAsk{part: w.part, gen: w.quietGen, out: w.idleCheck})
+		w.s.lso.ask(lsoAsk{part: w.part, out: w.idleCheck,
+			q: idleQuestion{gen: w.quietGen, readTo: w.readTo, next: w.proc.Next(), asked: time.Now()}})
 	}
 	return false
 }
 
+// idleQuestion is what a partition knew when it asked for the idle verdict.
+// An answer counts only for the question it answers, asked in the quiet spell
+// the partition is still in:
+//   - with nothing read or processed since (readTo and next unchanged). The
+//     spell's number alone does not show it: a spell that ends while the
+//     partition is busy leaves idleVerdict before it counts the end, and the
+//     answer to the earlier spell's question, arriving late (a broker frozen,
+//     then answering with the offsets it had), would be taken for the next
+//     spell's;
+//   - asked at most --idle-timeout ago: the broker's word is about the moment
+//     it was asked, and a process frozen between the question and its use
+//     wakes up with records produced meanwhile that the word does not cover.
+type idleQuestion struct {
+	gen          uint64
+	readTo, next int64
+	asked        time.Time
+}
+
 // idleAnswer is the input partition's last stable offset as one check of
-// idleVerdict found it (-1: no answer), and the quiet spell it was asked in.
+// idleVerdict found it (-1: no answer), and the question it answers.
 type idleAnswer struct {
-	gen uint64
+	idleQuestion
 	end int64
 }
 
