@@ -97,8 +97,40 @@ func stageOf(locs []*profile.Location) string {
 	return "other"
 }
 
-// stageTotals sums the profile's values of sample type typ per stage.
-func stageTotals(p *profile.Profile, typ string) (map[string]int64, int64, string, error) {
+// labelFilter selects a profile's samples by one profiler label: key=value keeps the
+// samples whose label key has that value, key= those without the label. The service
+// labels every goroutine of a service stage=input or stage=group:<name>
+// (service.ProfileStage), so a profile of `run` with re-keyed groups splits by stage.
+// The zero value keeps every sample.
+type labelFilter struct {
+	key, value string
+}
+
+func parseLabelFilter(s string) (labelFilter, error) {
+	if s == "" {
+		return labelFilter{}, nil
+	}
+	k, v, ok := strings.Cut(s, "=")
+	if !ok || k == "" {
+		return labelFilter{}, fmt.Errorf("--label %q: want KEY=VALUE (or KEY= for samples without KEY)", s)
+	}
+	return labelFilter{k, v}, nil
+}
+
+func (f labelFilter) keep(s *profile.Sample) bool {
+	if f.key == "" {
+		return true
+	}
+	vs := s.Label[f.key]
+	if f.value == "" {
+		return len(vs) == 0
+	}
+	return slices.Contains(vs, f.value)
+}
+
+// stageTotals sums the profile's values of sample type typ per stage, over the
+// samples f keeps.
+func stageTotals(p *profile.Profile, typ string, f labelFilter) (map[string]int64, int64, string, error) {
 	idx := -1
 	for i, st := range p.SampleType {
 		if st.Type == typ {
@@ -115,6 +147,9 @@ func stageTotals(p *profile.Profile, typ string) (map[string]int64, int64, strin
 	out := map[string]int64{}
 	var total int64
 	for _, s := range p.Sample {
+		if !f.keep(s) {
+			continue
+		}
 		v := s.Value[idx]
 		out[stageOf(s.Location)] += v
 		total += v
@@ -143,7 +178,12 @@ func stagesMain(w io.Writer, args []string) error {
 		fs.PrintDefaults()
 	}
 	namesFlag := fs.String("names", "", "column names, comma-separated (default the arguments)")
+	labelFlag := fs.String("label", "", "count only the samples with this profiler label, KEY=VALUE (KEY= : those without it); ours labels each service's goroutines stage=input or stage=group:NAME")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	filter, err := parseLabelFilter(*labelFlag)
+	if err != nil {
 		return err
 	}
 	cols := fs.Args() // one column each: a profile, or several comma-separated (their median)
@@ -173,7 +213,7 @@ func stagesMain(w io.Writer, args []string) error {
 			if err != nil {
 				return fmt.Errorf("%s: %w", f, err)
 			}
-			t, sum, u, err := stageTotals(p, *typ)
+			t, sum, u, err := stageTotals(p, *typ, filter)
 			if err != nil {
 				return fmt.Errorf("%s: %w", f, err)
 			}

@@ -79,3 +79,55 @@ func TestMedianInt(t *testing.T) {
 		}
 	}
 }
+
+// TestStageTotalsLabel: --label keeps the samples of one stage of a process that runs
+// several (the service's "stage" profiler label), or those without the label.
+func TestStageTotalsLabel(t *testing.T) {
+	const vc = "github.com/velocity-consumer/velocity-consumer"
+	sample := func(v int64, labels map[string][]string, frames ...[]string) *profile.Sample {
+		return &profile.Sample{Value: []int64{v}, Label: labels, Location: stack(frames...)}
+	}
+	p := &profile.Profile{
+		SampleType: []*profile.ValueType{{Type: "cpu", Unit: "nanoseconds"}},
+		Sample: []*profile.Sample{
+			sample(10, map[string][]string{"stage": {"input"}}, fr(vc+"/pkg/watermark.(*idShard).grow")),
+			sample(20, map[string][]string{"stage": {"group:device"}}, fr(vc+"/pkg/repartition.(*Merger).Offer")),
+			sample(40, map[string][]string{"stage": {"group:ip"}}, fr(vc+"/pkg/repartition.(*Merger).Offer")),
+			sample(80, nil, fr("runtime.gcBgMarkWorker")),
+		},
+	}
+	for _, tc := range []struct {
+		flag  string
+		total int64
+		stage string // the one stage with samples
+	}{
+		{"", 150, ""},
+		{"stage=input", 10, "dedupe"},
+		{"stage=group:device", 20, "hop records and second-stage merge (pkg/repartition)"},
+		{"stage=group:ip", 40, "hop records and second-stage merge (pkg/repartition)"},
+		{"stage=", 80, "GC"},
+		{"stage=group:card", 0, ""},
+	} {
+		t.Run(tc.flag, func(t *testing.T) {
+			f, err := parseLabelFilter(tc.flag)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, total, _, err := stageTotals(p, "cpu", f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if total != tc.total {
+				t.Fatalf("total %d, want %d", total, tc.total)
+			}
+			if tc.stage != "" && (got[tc.stage] != tc.total || len(got) != 1) {
+				t.Fatalf("stages %v, want all %d in %q", got, tc.total, tc.stage)
+			}
+		})
+	}
+	for _, bad := range []string{"stage", "=input"} {
+		if _, err := parseLabelFilter(bad); err == nil {
+			t.Fatalf("parseLabelFilter(%q) accepted", bad)
+		}
+	}
+}

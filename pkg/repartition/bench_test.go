@@ -153,3 +153,88 @@ func BenchmarkSnapshot(b *testing.B) {
 		}
 	})
 }
+
+// disorderStream is a repartition partition's arrival order from k sources that hop
+// their events at acceptance, as a first stage does: each source's event times advance
+// 1 ms every perMs events (perMs × 1000 events per second of event time, the rate of a
+// live input whose event time follows the wall clock), a fraction late of its events
+// lies up to lateMs behind its newest (accepted: the source's watermark is its newest
+// time − lateMs, which every event carries), and sources take turns every 10 events.
+func disorderStream(k, perMs int, lateMs int64, late float64, n int) []Record {
+	r := rand.New(rand.NewPCG(uint64(k), uint64(perMs)))
+	newest := make([]int64, k)
+	off := make([]int64, k)
+	recs := make([]Record, 0, n)
+	for len(recs) < n {
+		p := r.IntN(k)
+		for range 10 {
+			if off[p]%int64(perMs) == 0 {
+				newest[p]++
+			}
+			t := newest[p]
+			if r.Float64() < late {
+				t -= r.Int64N(lateMs + 1)
+			}
+			w := min(t, newest[p]-lateMs)
+			recs = append(recs, Record{Kind: KindEvent, Watermark: w, Event: Event{
+				Source: int32(p), Offset: off[p], EventTime: t, Topic: "transactions",
+				Key: "device-000042", EventID: "evt", Amount: 100, Ext: []uint64{uint64(off[p]), 7},
+			}})
+			off[p]++
+		}
+	}
+	return recs[:n]
+}
+
+// BenchmarkMergerDisorder: BenchmarkMerger's op over disorderStream, 3 sources with
+// 1 s of allowed lateness, so that each source keeps about perMs × 1000 events
+// pending. An event that arrives behind its source's newest is inserted into the
+// source's sorted queue, which moves every pending event after it: the cost grows
+// with the pending events, not with the disorder's share alone. (The end-to-end
+// groups benchmark advances event time 3.6 ms per event, about 90 events per source
+// and second, so it never shows this.)
+func BenchmarkMergerDisorder(b *testing.B) {
+	const n = 1 << 18
+	for _, perMs := range []int{1, 10, 50} {
+		for _, late := range []float64{0, 0.01} {
+			b.Run(fmt.Sprintf("events_per_ms=%d/late=%g", perMs, late), func(b *testing.B) {
+				recs := disorderStream(3, perMs, 1000, late, n)
+				var span, offs int64
+				for _, r := range recs {
+					span = max(span, r.EventTime+1001)
+					offs = max(offs, r.Offset+1)
+				}
+				m, err := New(Config{Sources: 3, ExtWords: 2})
+				if err != nil {
+					b.Fatal(err)
+				}
+				dst := make([]Event, 0, 1024)
+				i := 0
+				one := func() {
+					lap := int64(i / n)
+					r := recs[i%n]
+					r.EventTime += lap * span
+					r.Watermark += lap * span
+					r.Offset += lap * offs
+					if v, err := m.Offer(&r); err != nil || v != Accepted {
+						b.Fatalf("record %d: %v %v", i, v, err)
+					}
+					dst = m.Ready(dst[:0])
+					i++
+				}
+				for range n {
+					one()
+				}
+				pending := m.Pending()
+				b.ReportAllocs()
+				b.ResetTimer()
+				cpu0 := cpuclock.Nanos()
+				for b.Loop() {
+					one()
+				}
+				reportCPU(b, cpu0)
+				b.ReportMetric(float64(pending), "pending")
+			})
+		}
+	}
+}

@@ -52,8 +52,10 @@
 //     needs no memory beyond w_p, and it is the common case of a re-send, because
 //     an event normally carries its own time as its watermark.
 //  2. Otherwise, if it is still pending (not yet released), its (EventTime, Offset)
-//     is in p's pending queue, which is sorted: a duplicate, found by a binary search
-//     (or, for an event after the queue's tail, by one comparison).
+//     is in one of p's two pending queues (the events that arrived in order, and the
+//     few that arrived behind p's newest), which are sorted: a duplicate, found by a
+//     binary search (or, for an event after the first queue's tail, by one
+//     comparison).
 //  3. Otherwise, if EventTime < F, it was either released or dead-lettered at or
 //     above w_p (only the idle rule releases past a source's own watermark), or it
 //     was never received. The Merger keeps the (EventTime, Offset) of exactly those

@@ -2,8 +2,10 @@ package repartition
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"hash/crc32"
+	"maps"
 	"slices"
 	"testing"
 )
@@ -101,6 +103,87 @@ func FuzzRestore(f *testing.F) {
 		}
 		if len(out)+m.Pending() != pending {
 			t.Fatalf("%d released + %d pending != %d restored", len(out), m.Pending(), pending)
+		}
+	})
+}
+
+// FuzzMergerArrivalOrder: two sources hop events in any order their watermark allows
+// (late ones behind their newest, re-sends of earlier ones); the Merger says Duplicate
+// exactly for the re-sends, a snapshot taken before the release restores to the same
+// image, and once both sources promise everything the release is every event once, in
+// (event time, source, offset) order. Each input byte is one record: bit 7 the source,
+// bits 0-5 how far behind the source's newest time it lies (0 = a new newest), bit 6 a
+// re-send of that source's event that many events back instead.
+func FuzzMergerArrivalOrder(f *testing.F) {
+	f.Add([]byte{0, 1, 128, 5, 3, 129, 64 | 1, 0, 2})
+	f.Add([]byte{10, 20, 30, 40, 128 | 63, 128 | 2, 64, 128 | 64 | 1})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		const lateness = 64
+		type key struct {
+			p      int32
+			t, off int64
+		}
+		cfg := Config{Sources: 2, ExtWords: 1}
+		m, _ := New(cfg)
+		var newest, next [2]int64
+		var sent [2][]key
+		want := map[key]bool{}
+		for _, c := range b {
+			p := int32(c >> 7)
+			d := int64(c & 63)
+			var k key
+			resend := c&64 != 0
+			if resend {
+				if d >= int64(len(sent[p])) {
+					continue
+				}
+				k = sent[p][int64(len(sent[p]))-1-d]
+			} else {
+				if d == 0 {
+					newest[p] += 3
+				}
+				k = key{p, newest[p] - d, next[p]}
+				next[p]++
+				sent[p] = append(sent[p], k)
+				want[k] = true
+			}
+			r := Record{Kind: KindEvent, Watermark: min(k.t, newest[p]-lateness), Event: Event{
+				Source: p, Offset: k.off, EventTime: k.t, Topic: "in", Key: "k", EventID: "e", Ext: []uint64{uint64(k.off)}}}
+			v, err := m.Offer(&r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resend != (v == Duplicate) || !resend && v != Accepted {
+				t.Fatalf("record %+v (re-send %v): %v", k, resend, v)
+			}
+		}
+		img := m.AppendSnapshot(nil)
+		m2, err := Restore(cfg, img)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again := m2.AppendSnapshot(nil); !bytes.Equal(again, img) {
+			t.Fatal("restored image differs")
+		}
+		for p := range int32(2) {
+			r := Record{Kind: KindMarker, Watermark: max(newest[0], newest[1]) + 1, Event: Event{Source: p}}
+			if _, err := m.Offer(&r); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var got []key
+		for _, e := range m.Ready(nil) {
+			got = append(got, key{e.Source, e.EventTime, e.Offset})
+			if e.Ext[0] != uint64(e.Offset) {
+				t.Fatalf("event %+v released with the words of another", e)
+			}
+		}
+		sorted := slices.Collect(maps.Keys(want))
+		slices.SortFunc(sorted, func(a, b key) int {
+			return cmp.Or(cmp.Compare(a.t, b.t), cmp.Compare(a.p, b.p), cmp.Compare(a.off, b.off))
+		})
+		if !slices.Equal(got, sorted) {
+			t.Fatalf("released %v, want %v", got, sorted)
 		}
 	})
 }

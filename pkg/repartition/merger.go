@@ -103,10 +103,23 @@ type Merger struct {
 
 // source is what the Merger keeps per source partition.
 //
+// Its pending events are in two sorted queues. A source hops its events when it
+// accepts them, in arrival order, which is event-time order but for the events that
+// came late within the allowed lateness: q takes the events that arrive after its
+// tail (an append), lq those that arrive behind it. One sorted queue made each of the
+// latter move every pending event after its place, which with a live input's event
+// times (thousands of events per second of lateness) cost more than all the rest of
+// the merge (BenchmarkMergerDisorder). lq holds only the late ones, so its inserts
+// are short. The source's pending sequence is the merge of the two.
+//
 // Invariants (checked by Restore, kept by Offer and Ready):
-//   - q[qh:] is strictly increasing in (t, off), and ext[i*n:(i+1)*n] are q[i]'s words;
-//   - an event is accepted only with t >= F, so q holds events below F only between
-//     an Offer that raised F and the next Ready (dirty is then set);
+//   - q[qh:] and lq[lh:] are each strictly increasing in (t, off), and share no
+//     (t, off); ext[i*n:(i+1)*n] are q[i]'s words and lext[i*n:(i+1)*n] lq[i]'s;
+//   - every event of lq[lh:] is before q's tail (q[len(q)-1]), so lq is empty when
+//     q[qh:] is (an event goes to lq only behind a pending q event, and the two are
+//     released in order);
+//   - an event is accepted only with t >= F, so the queues hold events below F only
+//     between an Offer that raised F and the next Ready (dirty is then set);
 //   - rel[rh:] is strictly increasing in (t, off) and every entry has wm <= t < F.
 type source struct {
 	wm    int64 // largest watermark received, NoWatermark before any
@@ -115,8 +128,44 @@ type source struct {
 	q     []entry
 	qh    int
 	ext   []uint64
+	lq    []entry
+	lh    int
+	lext  []uint64
 	rel   []relKey
 	rh    int
+}
+
+// pending is how many events the source holds.
+func (s *source) pending() int { return len(s.q) - s.qh + len(s.lq) - s.lh }
+
+// head returns the source's first pending event and whether it is lq's (nil when
+// none).
+func (s *source) head() (*entry, bool) {
+	if s.qh == len(s.q) {
+		return nil, false // lq is empty too
+	}
+	e := &s.q[s.qh]
+	if s.lh < len(s.lq) {
+		if l := &s.lq[s.lh]; less(l.t, l.off, e.t, e.off) {
+			return l, true
+		}
+	}
+	return e, false
+}
+
+// each calls f with every pending event of the source and its words, in (t, off)
+// order.
+func (s *source) each(n int, f func(e *entry, ext []uint64)) {
+	i, j := s.qh, s.lh
+	for i < len(s.q) || j < len(s.lq) {
+		if j < len(s.lq) && (i == len(s.q) || less(s.lq[j].t, s.lq[j].off, s.q[i].t, s.q[i].off)) {
+			f(&s.lq[j], s.lext[j*n:(j+1)*n])
+			j++
+		} else {
+			f(&s.q[i], s.ext[i*n:(i+1)*n])
+			i++
+		}
+	}
 }
 
 type entry struct {
@@ -200,10 +249,17 @@ func (m *Merger) classify(s *source, r *Record) Verdict {
 		m.stats.Duplicates++
 		return Duplicate
 	}
-	i, found := s.find(t, off) // rule 2: still pending
-	if found {
-		m.stats.Duplicates++
-		return Duplicate
+	tail := s.qh == len(s.q) || less(s.q[len(s.q)-1].t, s.q[len(s.q)-1].off, t, off)
+	var i int
+	if !tail { // rule 2: still pending (after q's tail nothing is: lq is before it)
+		var found bool
+		if _, found = search(s.q, s.qh, t, off); !found {
+			i, found = search(s.lq, s.lh, t, off)
+		}
+		if found {
+			m.stats.Duplicates++
+			return Duplicate
+		}
 	}
 	if t < m.F { // rule 3: released or dead-lettered at or above wm, or late
 		j, found := s.findRel(t, off)
@@ -215,44 +271,44 @@ func (m *Merger) classify(s *source, r *Record) Verdict {
 		m.stats.LateAfterIdle++
 		return LateAfterIdle
 	}
-	s.insert(i, m.n, entry{t: t, off: off, amount: r.Amount, topic: r.Topic, key: r.Key, id: r.EventID}, r.Ext)
+	e := entry{t: t, off: off, amount: r.Amount, topic: r.Topic, key: r.Key, id: r.EventID}
+	if tail {
+		s.q = append(s.q, e)
+		s.ext = append(s.ext, r.Ext...)
+	} else {
+		s.lq, s.lext = insert(s.lq, s.lext, i, m.n, e, r.Ext)
+	}
 	m.pending++
 	m.stats.Accepted++
 	return Accepted
 }
 
-// find returns where (t, off) is or would go in q (an absolute index).
-func (s *source) find(t, off int64) (int, bool) {
-	if s.qh == len(s.q) || less(s.q[len(s.q)-1].t, s.q[len(s.q)-1].off, t, off) {
-		return len(s.q), false // the in-order case: after the tail
-	}
-	lo, hi := s.qh, len(s.q)
+// search returns where (t, off) is or would go in the sorted q[h:] (an absolute
+// index), and whether it is there.
+func search(q []entry, h int, t, off int64) (int, bool) {
+	lo, hi := h, len(q)
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
-		if e := &s.q[mid]; less(e.t, e.off, t, off) {
+		if e := &q[mid]; less(e.t, e.off, t, off) {
 			lo = mid + 1
 		} else {
 			hi = mid
 		}
 	}
-	e := &s.q[lo]
-	return lo, e.t == t && e.off == off
+	return lo, lo < len(q) && q[lo].t == t && q[lo].off == off
 }
 
-func (s *source) insert(i, n int, e entry, ext []uint64) {
-	if i == len(s.q) {
-		s.q = append(s.q, e)
-		s.ext = append(s.ext, ext...)
-		return
-	}
-	s.q = append(s.q, entry{})
-	copy(s.q[i+1:], s.q[i:])
-	s.q[i] = e
+// insert puts e and its n words at index i of q and ext.
+func insert(q []entry, ext []uint64, i, n int, e entry, words []uint64) ([]entry, []uint64) {
+	q = append(q, entry{})
+	copy(q[i+1:], q[i:])
+	q[i] = e
 	if n > 0 {
-		s.ext = append(s.ext, ext...) // grow by n words
-		copy(s.ext[(i+1)*n:], s.ext[i*n:])
-		copy(s.ext[i*n:(i+1)*n], ext)
+		ext = append(ext, words...) // grow by n words
+		copy(ext[(i+1)*n:], ext[i*n:])
+		copy(ext[i*n:(i+1)*n], words)
 	}
+	return q, ext
 }
 
 func (s *source) findRel(t, off int64) (int, bool) {
@@ -303,7 +359,7 @@ func (m *Merger) advance() {
 		newest := int64(math.MinInt64)
 		for i := range m.src {
 			if s := &m.src[i]; s.qh < len(s.q) {
-				newest = max(newest, s.q[len(s.q)-1].t)
+				newest = max(newest, s.q[len(s.q)-1].t) // lq is before q's tail
 			}
 		}
 		cand = newest + 1 // event times are at most MaxEventTime: no overflow
@@ -346,11 +402,11 @@ func (m *Merger) Ready(dst []Event) []Event {
 		best, second := -1, -1
 		var bt, st int64
 		for i := range m.src {
-			s := &m.src[i]
-			if s.qh == len(s.q) {
+			h, _ := m.src[i].head()
+			if h == nil {
 				continue
 			}
-			t := s.q[s.qh].t
+			t := h.t
 			if t >= m.F {
 				continue
 			}
@@ -367,13 +423,17 @@ func (m *Merger) Ready(dst []Event) []Event {
 			break
 		}
 		s := &m.src[best]
-		for s.qh < len(s.q) {
-			e := &s.q[s.qh]
-			if e.t >= m.F || second >= 0 && (e.t > st || e.t == st && second < best) {
+		for {
+			e, late := s.head()
+			if e == nil || e.t >= m.F || second >= 0 && (e.t > st || e.t == st && second < best) {
 				break
 			}
 			dst = append(dst, Event{Source: int32(best), Offset: e.off, EventTime: e.t, Topic: e.topic, Key: e.key, EventID: e.id, Amount: e.amount})
-			m.outExt = append(m.outExt, s.ext[s.qh*n:(s.qh+1)*n]...)
+			if late {
+				m.outExt = append(m.outExt, s.lext[s.lh*n:(s.lh+1)*n]...)
+			} else {
+				m.outExt = append(m.outExt, s.ext[s.qh*n:(s.qh+1)*n]...)
+			}
 			if e.t >= s.wm {
 				// Released at or above its own source's watermark (the idle rule did it):
 				// remember it until the watermark passes it. Release order within one
@@ -382,7 +442,11 @@ func (m *Merger) Ready(dst []Event) []Event {
 				s.insertRel(j, relKey{e.t, e.off})
 			}
 			*e = entry{} // let the strings go
-			s.qh++
+			if late {
+				s.lh++
+			} else {
+				s.qh++
+			}
 			m.pending--
 		}
 		s.compact(n)
@@ -397,20 +461,24 @@ func (m *Merger) Ready(dst []Event) []Event {
 	return dst
 }
 
-// compact keeps q's popped prefix from growing without bound: empty, it restarts at
-// zero; otherwise it is moved down once the popped part is at least half of it.
+// compact keeps the queues' popped prefixes from growing without bound.
 func (s *source) compact(n int) {
-	if s.qh == len(s.q) {
-		s.q, s.ext, s.qh = s.q[:0], s.ext[:0], 0
-		return
+	s.q, s.ext, s.qh = compactQueue(s.q, s.ext, s.qh, n)
+	s.lq, s.lext, s.lh = compactQueue(s.lq, s.lext, s.lh, n)
+}
+
+// compactQueue drops q[:h] (and its words): empty, the queue restarts at zero;
+// otherwise it is moved down once the popped part is at least half of it.
+func compactQueue(q []entry, ext []uint64, h, n int) ([]entry, []uint64, int) {
+	if h == len(q) {
+		return q[:0], ext[:0], 0
 	}
-	if s.qh >= 256 && 2*s.qh >= len(s.q) {
-		k := copy(s.q, s.q[s.qh:])
-		clear(s.q[k:])
-		s.q = s.q[:k]
-		s.ext = s.ext[:copy(s.ext, s.ext[s.qh*n:])]
-		s.qh = 0
+	if h >= 256 && 2*h >= len(q) {
+		k := copy(q, q[h:])
+		clear(q[k:])
+		return q[:k], ext[:copy(ext, ext[h*n:])], 0
 	}
+	return q, ext, h
 }
 
 // Frontier returns F: every event below it has been released or is returned by the

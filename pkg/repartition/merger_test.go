@@ -1,6 +1,8 @@
 package repartition
 
 import (
+	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -353,5 +355,82 @@ func TestWorkedExample(t *testing.T) {
 	}
 	if want := []string{"0/0", "1/0", "1/1", "0/1", "0/2"}; !slices.Equal(first, want) || !slices.Equal(other, want) {
 		t.Fatalf("released %v and %v, want %v", first, other, want)
+	}
+}
+
+// TestLateArrivalsWithinASource: events a source hops behind its newest (late within
+// the allowed lateness) wait in the source's second queue; whatever the arrival order,
+// duplicates are found in either queue, the release is the (t, source, offset) order,
+// and the snapshot is the one of a Merger that received the same events in order.
+func TestLateArrivalsWithinASource(t *testing.T) {
+	type ev struct{ off, t int64 }
+	cases := []struct {
+		name   string
+		source []ev // source 0's arrival order; every event carries watermark 100
+		dups   []ev // re-sent afterwards: all duplicates
+	}{
+		{"in order", []ev{{0, 100}, {1, 110}, {2, 120}}, []ev{{1, 110}}},
+		{"one late", []ev{{0, 100}, {1, 130}, {2, 110}, {3, 140}}, []ev{{2, 110}, {1, 130}}},
+		{"late before the head", []ev{{0, 120}, {1, 130}, {2, 100}, {3, 105}}, []ev{{3, 105}, {0, 120}}},
+		{"late at the same time, lower offset", []ev{{5, 120}, {3, 120}, {4, 120}, {6, 121}}, []ev{{3, 120}, {4, 120}, {5, 120}}},
+		{"late, then later than the tail", []ev{{0, 150}, {1, 101}, {2, 160}, {3, 102}, {4, 155}}, []ev{{1, 101}, {4, 155}, {2, 160}}},
+		{"reverse", []ev{{0, 190}, {1, 180}, {2, 170}, {3, 160}, {4, 150}}, []ev{{4, 150}, {0, 190}, {2, 170}}},
+	}
+	rec := func(p int32, e ev) Record {
+		r := hop(p, e.off, e.t, 100)
+		r.Ext = []uint64{uint64(e.off), uint64(e.t)}
+		return r
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := Config{Sources: 2, ExtWords: 2}
+			got, _ := New(cfg)
+			want, _ := New(cfg) // the same events in (t, off) order
+			sorted := slices.Clone(c.source)
+			slices.SortFunc(sorted, func(a, b ev) int { return cmp.Or(cmp.Compare(a.t, b.t), cmp.Compare(a.off, b.off)) })
+			for i := range c.source {
+				for m, e := range map[*Merger]ev{got: c.source[i], want: sorted[i]} {
+					r := rec(0, e)
+					if v, err := m.Offer(&r); err != nil || v != Accepted {
+						t.Fatalf("offer %+v: %v %v", e, v, err)
+					}
+				}
+			}
+			for _, e := range c.dups {
+				r := rec(0, e)
+				if v, err := got.Offer(&r); err != nil || v != Duplicate {
+					t.Fatalf("re-sent %+v: %v %v, want duplicate", e, v, err)
+				}
+			}
+			if g, w := got.AppendSnapshot(nil), want.AppendSnapshot(nil); !bytes.Equal(g, w) {
+				t.Fatalf("snapshot differs from the in-order Merger's:\n%x\n%x", g, w)
+			}
+			if got.Pending() != len(c.source) {
+				t.Fatalf("pending %d, want %d", got.Pending(), len(c.source))
+			}
+			// Source 1 brings the frontier past everything: the release is sorted.
+			for _, m := range []*Merger{got, want} {
+				r := mark(1, 1000)
+				m.Offer(&r)
+				r = mark(0, 1000)
+				m.Offer(&r)
+			}
+			rel := got.Ready(nil)
+			if len(rel) != len(sorted) {
+				t.Fatalf("released %d events, want %d", len(rel), len(sorted))
+			}
+			for i, e := range rel {
+				if w := sorted[i]; e.Offset != w.off || e.EventTime != w.t || !slices.Equal(e.Ext, []uint64{uint64(w.off), uint64(w.t)}) {
+					t.Fatalf("release %d: (off %d, t %d, ext %v), want (%d, %d)", i, e.Offset, e.EventTime, e.Ext, w.off, w.t)
+				}
+			}
+			if got.Pending() != 0 {
+				t.Fatalf("%d pending after the release", got.Pending())
+			}
+			want.Ready(nil)
+			if g, w := got.AppendSnapshot(nil), want.AppendSnapshot(nil); !bytes.Equal(g, w) {
+				t.Fatal("snapshot after the release differs from the in-order Merger's")
+			}
+		})
 	}
 }

@@ -3,6 +3,7 @@ package repartition
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math"
 	"reflect"
 	"strings"
@@ -251,5 +252,64 @@ func TestPeekWatermark(t *testing.T) {
 		if _, _, err := PeekWatermark(c.b); !errors.Is(err, c.want) {
 			t.Errorf("%s: PeekWatermark(%x) = %v; want %v", c.name, c.b, err, c.want)
 		}
+	}
+}
+
+// TestDecodeStringsOutliveTheirBytes: the key and event id of a decoded event stay what
+// was decoded while the Merger holds them, however many events are decoded after it
+// and whatever the caller does with the value's bytes afterwards (the fetch buffer is
+// not ours): a decoder that let them alias b, or reused a buffer of its own, fails.
+func TestDecodeStringsOutliveTheirBytes(t *testing.T) {
+	cases := []struct {
+		name    string
+		n       int // events decoded, each kept
+		keyLen  int
+		idLen   int
+		reuseIn bool // every value decoded from the same buffer, overwritten each time
+	}{
+		{"one", 1, 9, 8, true},
+		{"within one chunk", 50, 10, 36, true},
+		{"many", 1200, 10, 26, true},
+		{"longest key and id", 150, MaxKeyBytes, MaxEventIDBytes, true},
+		{"fresh buffers", 1600, 5, 12, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var d Decoder
+			var in []byte
+			type kept struct{ key, id string }
+			var got []kept
+			want := func(i int) kept {
+				k := fmt.Sprintf("k%0*d", c.keyLen-1, i)
+				id := fmt.Sprintf("i%0*d", c.idLen-1, i)
+				return kept{k[len(k)-c.keyLen:], id[len(id)-c.idLen:]}
+			}
+			for i := range c.n {
+				w := want(i)
+				r := Record{Kind: KindEvent, Event: Event{Source: 1, Offset: int64(i), Topic: "t", Key: w.key, EventID: w.id}}
+				var err error
+				if c.reuseIn {
+					in, err = AppendRecord(in[:0], &r)
+				} else {
+					in, err = AppendRecord(nil, &r)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				var out Record
+				if err := d.Decode(in, &out); err != nil {
+					t.Fatalf("record %d: %v", i, err)
+				}
+				got = append(got, kept{out.Key, out.EventID})
+				for j := range in {
+					in[j] = 0xff // the caller's bytes are gone
+				}
+			}
+			for i, g := range got {
+				if w := want(i); g != w {
+					t.Fatalf("event %d: key %q, event id %q; want %q, %q", i, g.key, g.id, w.key, w.id)
+				}
+			}
+		})
 	}
 }

@@ -57,19 +57,18 @@ func (m *Merger) AppendSnapshot(dst []byte) []byte {
 		dst = binary.AppendVarint(dst, s.wm)
 		dst = binary.AppendUvarint(dst, s.epoch)
 		dst = append(dst, boolByte(s.idle))
-		dst = binary.AppendUvarint(dst, uint64(len(s.q)-s.qh))
-		for j := s.qh; j < len(s.q); j++ {
-			e := &s.q[j]
+		dst = binary.AppendUvarint(dst, uint64(s.pending()))
+		s.each(m.n, func(e *entry, ext []uint64) {
 			dst = binary.AppendVarint(dst, e.t)
 			dst = binary.AppendUvarint(dst, uint64(e.off))
 			dst = binary.AppendVarint(dst, e.amount)
 			dst = binary.AppendUvarint(dst, uint64(indexOf(topics, e.topic)))
 			dst = appendString(dst, e.key)
 			dst = appendString(dst, e.id)
-			for _, w := range s.ext[j*m.n : (j+1)*m.n] {
+			for _, w := range ext {
 				dst = binary.LittleEndian.AppendUint64(dst, w)
 			}
-		}
+		})
 		dst = binary.AppendUvarint(dst, uint64(len(s.rel)-s.rh))
 		for _, k := range s.rel[s.rh:] {
 			dst = binary.AppendVarint(dst, k.t)
@@ -84,12 +83,11 @@ func (m *Merger) AppendSnapshot(dst []byte) []byte {
 func (m *Merger) topicTable() []string {
 	var topics []string
 	for i := range m.src {
-		s := &m.src[i]
-		for j := s.qh; j < len(s.q); j++ {
-			if indexOf(topics, s.q[j].topic) < 0 {
-				topics = append(topics, s.q[j].topic)
+		m.src[i].each(m.n, func(e *entry, _ []uint64) {
+			if indexOf(topics, e.topic) < 0 {
+				topics = append(topics, e.topic)
 			}
-		}
+		})
 	}
 	return topics
 }
