@@ -54,20 +54,28 @@ func FailListOffsets(c *kfake.Cluster, n int32, err *kerr.Error) *atomic.Int32 {
 		}
 		c.KeepControl()
 		failed.Add(1)
-		lr := req.(*kmsg.ListOffsetsRequest)
-		resp := lr.ResponseKind().(*kmsg.ListOffsetsResponse)
-		for _, rt := range lr.Topics {
-			st := kmsg.NewListOffsetsResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewListOffsetsResponseTopicPartition()
-				sp.Partition = rp.Partition
-				sp.ErrorCode = err.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return AnswerListOffsets(req.(*kmsg.ListOffsetsRequest), func(sp *kmsg.ListOffsetsResponseTopicPartition) {
+			sp.ErrorCode = err.Code
+		}), nil, true
 	})
 	return &failed
+}
+
+// AnswerListOffsets is a broker's answer to lr made up by the test: a partition
+// entry for every partition asked, each filled in by set (its partition number
+// is set already).
+func AnswerListOffsets(lr *kmsg.ListOffsetsRequest, set func(*kmsg.ListOffsetsResponseTopicPartition)) *kmsg.ListOffsetsResponse {
+	resp := lr.ResponseKind().(*kmsg.ListOffsetsResponse)
+	for _, rt := range lr.Topics {
+		st := kmsg.NewListOffsetsResponseTopic()
+		st.Topic = rt.Topic
+		for _, rp := range rt.Partitions {
+			sp := kmsg.NewListOffsetsResponseTopicPartition()
+			sp.Partition = rp.Partition
+			set(&sp)
+			st.Partitions = append(st.Partitions, sp)
+		}
+		resp.Topics = append(resp.Topics, st)
+	}
+	return resp
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/velocity-consumer/velocity-consumer/internal/kfaketest"
 	"github.com/velocity-consumer/velocity-consumer/internal/streamtest"
 	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
@@ -35,36 +36,11 @@ func TestIdleRuleWaitsForRecordsNotYetFetched(t *testing.T) {
 	t.Cleanup(c.Close)
 	brokers := c.ListenAddrs()
 
-	// Fetches from offset 1 on sleep until hold is closed: the input's first
-	// record is fetched, the second waits at the broker. (Fetches name topics
-	// by id; the service fetches nothing else before hold closes.)
+	// The input's first record is fetched, the second waits at the broker.
 	hold := make(chan struct{})
-	held := make(chan struct{}, 1)
-	c.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		for _, tp := range req.(*kmsg.FetchRequest).Topics {
-			for _, p := range tp.Partitions {
-				if p.FetchOffset >= 1 {
-					select {
-					case <-hold:
-					default:
-						select {
-						case held <- struct{}{}:
-						default:
-						}
-						c.SleepControl(func() { <-hold })
-					}
-				}
-			}
-		}
-		return nil, nil, false
-	})
-
-	const base = int64(1_795_000_000_000)
-	rec := func(id string, t int64) *kgo.Record {
-		return &kgo.Record{Topic: inTopic, Partition: 0, Key: []byte("card-1"), Timestamp: time.UnixMilli(t),
-			Value: codec.EncodeTransaction(&codec.Transaction{EventID: id, EntityID: "card-1", AmountMinor: 100, Currency: "EUR", EventTime: t})}
-	}
+	held := holdFetchesFrom(c, 1, hold)
+	rec := cardRecord
+	const base = idleBase
 	produce(t, brokers, []*kgo.Record{rec("newer", base+10_000)})
 
 	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
@@ -81,18 +57,7 @@ func TestIdleRuleWaitsForRecordsNotYetFetched(t *testing.T) {
 	time.Sleep(5 * cfg.Watermark.IdleTimeout) // idle by the wall clock alone
 	close(hold)
 
-	got := readOutputs(t, brokers, 2, 60*time.Second)
-	counts := map[int64]int64{}
-	for src, outs := range got {
-		if len(outs) != 1 || outs[0].Dead {
-			t.Fatalf("input %d: outputs %+v, want one features record", src.Offset, outs)
-		}
-		f, err := codec.DecodeFeatures(outs[0].Value)
-		if err != nil {
-			t.Fatal(err)
-		}
-		counts[src.Offset] = f.Windows[0].Count
-	}
+	counts := firstWindowCounts(t, readOutputs(t, brokers, 2, 60*time.Second))
 	// Replay's: the older event (offset 1) first, alone; then the newer one
 	// (offset 0) with both in its 10 s window.
 	if want := map[int64]int64{0: 2, 1: 1}; counts[0] != want[0] || counts[1] != want[1] {
@@ -335,42 +300,15 @@ func TestIdleVerdictNeedsAnAnswerToItsOwnQuestion(t *testing.T) {
 		}
 		close(asked)
 		c.SleepControl(func() { <-answerLate })
-		resp := lr.ResponseKind().(*kmsg.ListOffsetsResponse)
-		for _, rt := range lr.Topics {
-			st := kmsg.NewListOffsetsResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewListOffsetsResponseTopicPartition()
-				sp.Partition, sp.Offset, sp.Timestamp, sp.LeaderEpoch = rp.Partition, 1, -1, 0
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return kfaketest.AnswerListOffsets(lr, func(sp *kmsg.ListOffsetsResponseTopicPartition) {
+			sp.Offset, sp.Timestamp, sp.LeaderEpoch = 1, -1, 0
+		}), nil, true
 	})
 	// Fetches from offset 2 on wait until fetchOn is closed.
 	fetchOn := make(chan struct{})
-	c.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		for _, tp := range req.(*kmsg.FetchRequest).Topics {
-			for _, p := range tp.Partitions {
-				if p.FetchOffset >= 2 {
-					select {
-					case <-fetchOn:
-					default:
-						c.SleepControl(func() { <-fetchOn })
-					}
-				}
-			}
-		}
-		return nil, nil, false
-	})
-
-	const base = int64(1_795_000_000_000)
-	rec := func(id string, t int64) *kgo.Record {
-		return &kgo.Record{Topic: inTopic, Partition: 0, Key: []byte("card-1"), Timestamp: time.UnixMilli(t),
-			Value: codec.EncodeTransaction(&codec.Transaction{EventID: id, EntityID: "card-1", AmountMinor: 100, Currency: "EUR", EventTime: t})}
-	}
+	holdFetchesFrom(c, 2, fetchOn)
+	rec := cardRecord
+	const base = idleBase
 	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
 	cfg.Watermark = watermark.Config{AllowedLateness: 5000, IdleTimeout: 300 * time.Millisecond}
 	produce(t, brokers, []*kgo.Record{rec("a", base+10_000)}) // offset 0: pending
@@ -387,7 +325,55 @@ func TestIdleVerdictNeedsAnAnswerToItsOwnQuestion(t *testing.T) {
 	time.Sleep(4 * cfg.Watermark.IdleTimeout)                // a release now would come before c
 	close(fetchOn)
 
-	got := readOutputs(t, brokers, 3, 60*time.Second)
+	counts := firstWindowCounts(t, readOutputs(t, brokers, 3, 60*time.Second))
+	// Replay's order is c, b, a (event time): 1, 2, 3.
+	if want := map[int64]int64{0: 3, 1: 2, 2: 1}; counts[0] != want[0] || counts[1] != want[1] || counts[2] != want[2] {
+		t.Errorf("10s counts by input offset %v, want %v (as replay counts them)", counts, want)
+	}
+}
+
+// idleBase is the idle tests' first event time.
+const idleBase = int64(1_795_000_000_000)
+
+// cardRecord is a transaction of card-1 at event time t, on the input's
+// partition 0.
+func cardRecord(id string, t int64) *kgo.Record {
+	return &kgo.Record{Topic: inTopic, Partition: 0, Key: []byte("card-1"), Timestamp: time.UnixMilli(t),
+		Value: codec.EncodeTransaction(&codec.Transaction{EventID: id, EntityID: "card-1", AmountMinor: 100, Currency: "EUR", EventTime: t})}
+}
+
+// holdFetchesFrom makes the cluster's fetches of any partition from offset on
+// sleep until release is closed (fetches name topics by id; the idle tests'
+// services fetch nothing else meanwhile). The channel it returns receives once
+// a fetch waits.
+func holdFetchesFrom(c *kfake.Cluster, offset int64, release <-chan struct{}) <-chan struct{} {
+	held := make(chan struct{}, 1)
+	c.ControlKey(int16(kmsg.Fetch), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		for _, tp := range req.(*kmsg.FetchRequest).Topics {
+			for _, p := range tp.Partitions {
+				if p.FetchOffset >= offset {
+					select {
+					case <-release:
+					default:
+						select {
+						case held <- struct{}{}:
+						default:
+						}
+						c.SleepControl(func() { <-release })
+					}
+				}
+			}
+		}
+		return nil, nil, false
+	})
+	return held
+}
+
+// firstWindowCounts are the first window's counts of the outputs, by input
+// offset; every input must have one features record.
+func firstWindowCounts(t *testing.T, got map[streamtest.Source][]streamtest.Output) map[int64]int64 {
+	t.Helper()
 	counts := map[int64]int64{}
 	for src, outs := range got {
 		if len(outs) != 1 || outs[0].Dead {
@@ -399,8 +385,5 @@ func TestIdleVerdictNeedsAnAnswerToItsOwnQuestion(t *testing.T) {
 		}
 		counts[src.Offset] = f.Windows[0].Count
 	}
-	// Replay's order is c, b, a (event time): 1, 2, 3.
-	if want := map[int64]int64{0: 3, 1: 2, 2: 1}; counts[0] != want[0] || counts[1] != want[1] || counts[2] != want[2] {
-		t.Errorf("10s counts by input offset %v, want %v (as replay counts them)", counts, want)
-	}
+	return counts
 }
