@@ -387,3 +387,43 @@ func firstWindowCounts(t *testing.T, got map[streamtest.Source][]streamtest.Outp
 	}
 	return counts
 }
+
+// TestIdleVerdictAsksAgainAfterAnOldAnswer: the broker's word is about the
+// moment it was asked. An answer that comes back later than --idle-timeout
+// after the question (a slow broker; a process frozen between asking and
+// reading it wakes up with records the answer does not cover) is not used: the
+// partition asks again and is released on the fresh answer only.
+func TestIdleVerdictAsksAgainAfterAnOldAnswer(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, inTopic, outTopic, dlqTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	brokers := c.ListenAddrs()
+	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
+	cfg.Watermark = watermark.Config{AllowedLateness: 5000, IdleTimeout: 300 * time.Millisecond}
+
+	// The first idle check is answered (truly: nothing more to read) three idle
+	// timeouts after it was asked; later ones at once.
+	var checks atomic.Int32
+	c.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		lr := req.(*kmsg.ListOffsetsRequest)
+		if lr.IsolationLevel != 1 || len(lr.Topics) == 0 || len(lr.Topics[0].Partitions) == 0 || lr.Topics[0].Partitions[0].Timestamp != -1 {
+			return nil, nil, false
+		}
+		if checks.Add(1) == 1 {
+			c.SleepControl(func() { time.Sleep(3 * cfg.Watermark.IdleTimeout) })
+		}
+		return nil, nil, false
+	})
+	produce(t, brokers, []*kgo.Record{cardRecord("a", idleBase)}) // pending until the idle rule releases it
+	startService(t, cfg)
+	got := readOutputs(t, brokers, 1, 30*time.Second)
+	if len(got) != 1 {
+		t.Fatalf("%d outputs, want the pending event released", len(got))
+	}
+	if n := checks.Load(); n < 2 {
+		t.Errorf("released after %d idle checks: the answer that came %s after its question was used", n, 3*cfg.Watermark.IdleTimeout)
+	}
+}
