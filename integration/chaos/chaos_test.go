@@ -783,8 +783,8 @@ func runChaos(t *testing.T, c *kafkatest.PrivateCluster, bin string, v variant, 
 			t.Error(b.String())
 		}
 		if env.report != "" {
-			line := fmt.Sprintf("%s\t%s-%s\tseed=%d\tlate=%s\tduration=%s\trecords=%d\tfaults=%v\tself-exits=%d\tapi=%d/%d/%d/%d\t%s\tlogs=%s\n",
-				time.Now().UTC().Format(time.RFC3339), g.mode, v.name, seed, sched.Late, time.Since(tl.begin).Round(time.Second), total(ends), r.faults, r.selfExits(g),
+			line := fmt.Sprintf("%s\t%s-%s\tseed=%d\tlate=%s\tregistry=%v\tduration=%s\trecords=%d\tfaults=%v\tself-exits=%d\tapi=%d/%d/%d/%d\t%s\tlogs=%s\n",
+				time.Now().UTC().Format(time.RFC3339), g.mode, v.name, seed, sched.Late, sched.Registry, time.Since(tl.begin).Round(time.Second), total(ends), r.faults, r.selfExits(g),
 				st.ok, st.unavailable, st.other, st.transport, outcome, dir)
 			if f, err := os.OpenFile(env.report, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644); err == nil {
 				f.WriteString(line)
