@@ -251,23 +251,22 @@ func cmdRun(ctx context.Context, args []string) error {
 	// A SIGTERM while the start waits for the registry is a stop like any
 	// other: nothing has been read, so there is nothing to checkpoint, and the
 	// exit is a clean one.
-	if err := r.useRegistry(ctx, &cfg, log); err != nil {
+	registryErr := func(err error) error {
 		if ctx.Err() != nil {
 			log.Info("stopped while waiting for the schema registry", zap.Error(err))
 			return nil
 		}
 		return err
 	}
+	if err := r.useRegistry(ctx, &cfg, log); err != nil {
+		return registryErr(err)
+	}
 
 	var groupCfgs []service.Config
 	if len(cfg.Hops) > 0 {
 		prefixes, err := r.groupPrefixes(ctx, log)
 		if err != nil {
-			if ctx.Err() != nil {
-				log.Info("stopped while waiting for the schema registry", zap.Error(err))
-				return nil
-			}
-			return err
+			return registryErr(err)
 		}
 		if groupCfgs, err = r.groupConfigs(cfg, prefixes); err != nil {
 			return err

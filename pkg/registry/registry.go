@@ -31,6 +31,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/sr"
 
+	"github.com/velocity-consumer/velocity-consumer/internal/retry"
 	"github.com/velocity-consumer/velocity-consumer/pkg/kafkaconn"
 )
 
@@ -152,22 +153,15 @@ func AppendHeader(dst []byte, id int) []byte {
 // failure and up to every 2 s, until ctx ends: a process that starts during a
 // registry's restart waits for it instead of exiting.
 func RegisterOutput(ctx context.Context, cl *sr.Client, subject, schema string) (id int, header []byte, err error) {
-	backoff := 100 * time.Millisecond
-	for {
-		ss, err := cl.CreateSchema(ctx, subject, sr.Schema{Schema: schema, Type: sr.TypeAvro})
-		if err == nil {
-			return ss.ID, AppendHeader(nil, ss.ID), nil
-		}
-		if !unavailable(err) || ctx.Err() != nil {
-			return 0, nil, fmt.Errorf("register the output schema under subject %q: %w", subject, err)
-		}
-		select {
-		case <-ctx.Done():
-			return 0, nil, fmt.Errorf("register the output schema under subject %q: %w", subject, err)
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 2*time.Second)
+	var ss sr.SubjectSchema
+	err = retry.Do(ctx, 2*time.Second, unavailable, func() (err error) {
+		ss, err = cl.CreateSchema(ctx, subject, sr.Schema{Schema: schema, Type: sr.TypeAvro})
+		return err
+	})
+	if err != nil {
+		return 0, nil, fmt.Errorf("register the output schema under subject %q: %w", subject, err)
 	}
+	return ss.ID, AppendHeader(nil, ss.ID), nil
 }
 
 // unavailable reports whether err says the registry could not answer now (not

@@ -205,7 +205,7 @@ func (w *worker) run() {
 		// producer in use then, which endOffsetsOnlyTxn may have replaced.
 		defer func() { w.txn.Close() }()
 	}
-	tick := time.NewTicker(w.tickEvery())
+	tick := time.NewTicker(w.s.tickEvery())
 	defer tick.Stop()
 	w.proc.StartServing(time.Now())
 	w.proc.AnnounceOwner(w.emitFn) // a re-keyed group's first stage: the new owner's epoch
@@ -425,8 +425,6 @@ func (w *worker) leaveLost(err error) {
 func (w *worker) drainQuit() {
 	go func() { <-w.quit }()
 }
-
-func (w *worker) tickEvery() time.Duration { return w.s.tickEvery() }
 
 // tickEvery is how often a worker ticks: 100 ms, or a quarter of the idle
 // timeout if shorter, so that the idle rule fires within a quarter of it.
