@@ -341,6 +341,21 @@ func TestRegisterOutput(t *testing.T) {
 func TestRegisterOutputWaitsForTheRegistry(t *testing.T) {
 	s := startServer(t)
 	cl := s.client(t)
+	// answer makes the registry answer status and body to the next n requests
+	// (0: every one).
+	answer := func(n int32, status int, body string) func(*testing.T) {
+		return func(*testing.T) {
+			var seen atomic.Int32
+			s.Reg.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
+				if n > 0 && seen.Add(1) > n {
+					return false
+				}
+				w.WriteHeader(status)
+				w.Write([]byte(body))
+				return true
+			})
+		}
+	}
 	for _, tc := range []struct {
 		name  string
 		setup func(t *testing.T) // before RegisterOutput; the registry is up
@@ -351,31 +366,10 @@ func TestRegisterOutputWaitsForTheRegistry(t *testing.T) {
 			s.Down()
 			time.AfterFunc(600*time.Millisecond, func() { s.Up(t) })
 		}, "", false},
-		{"answering 503, then 200", func(t *testing.T) {
-			var n atomic.Int32
-			s.Reg.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
-				if n.Add(1) > 3 {
-					return false
-				}
-				w.WriteHeader(http.StatusServiceUnavailable)
-				w.Write([]byte(`{"error_code":50301,"message":"restarting"}`))
-				return true
-			})
-		}, "", false},
-		{"credentials refused", func(t *testing.T) {
-			s.Reg.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
-				w.WriteHeader(http.StatusUnauthorized)
-				w.Write([]byte(`{"error_code":401,"message":"Unauthorized"}`))
-				return true
-			})
-		}, "Unauthorized", true},
-		{"an incompatible schema", func(t *testing.T) {
-			s.Reg.Intercept(func(w http.ResponseWriter, r *http.Request) bool {
-				w.WriteHeader(http.StatusConflict)
-				w.Write([]byte(`{"error_code":409,"message":"Schema being registered is incompatible with an earlier schema"}`))
-				return true
-			})
-		}, "incompatible", true},
+		{"answering 503, then 200", answer(3, http.StatusServiceUnavailable, `{"error_code":50301,"message":"restarting"}`), "", false},
+		{"credentials refused", answer(0, http.StatusUnauthorized, `{"error_code":401,"message":"Unauthorized"}`), "Unauthorized", true},
+		{"an incompatible schema", answer(0, http.StatusConflict,
+			`{"error_code":409,"message":"Schema being registered is incompatible with an earlier schema"}`), "incompatible", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s.Up(t)

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/velocity-consumer/velocity-consumer/internal/kfaketest"
 	"github.com/velocity-consumer/velocity-consumer/internal/streamtest"
 	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
@@ -442,18 +443,9 @@ func TestServiceTakeoverRetriesTransientErrors(t *testing.T) {
 		}
 		refused.Add(1)
 		c.KeepControl()
-		resp := r.ResponseKind().(*kmsg.ListOffsetsResponse)
-		for _, rt := range r.Topics {
-			st := kmsg.NewListOffsetsResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewListOffsetsResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, kerr.LeaderNotAvailable.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return kfaketest.AnswerListOffsets(r, func(sp *kmsg.ListOffsetsResponseTopicPartition) {
+			sp.ErrorCode = kerr.LeaderNotAvailable.Code
+		}), nil, true
 	})
 	cfg := testConfig(t, brokers, store)
 	cfg.ClientOpts = []kgo.Opt{kgo.RequestRetries(1), kgo.RetryBackoffFn(func(int) time.Duration { return 5 * time.Millisecond })}

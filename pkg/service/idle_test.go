@@ -29,11 +29,7 @@ import (
 // it. It failed before the idle release waited for the broker's word: the
 // newer event was released alone (count 1) and the older one counted after it.
 func TestIdleRuleWaitsForRecordsNotYetFetched(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, inTopic, outTopic, dlqTopic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c := newFakeCluster(t, 1)
 	brokers := c.ListenAddrs()
 
 	// The input's first record is fetched, the second waits at the broker.
@@ -184,11 +180,7 @@ func TestIdleRuleReadsPastTransactionMarkers(t *testing.T) {
 // fetches go on, every record is read and counted.
 func TestIdleChecksShareOneRequest(t *testing.T) {
 	const parts = 8
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(parts, inTopic, outTopic, dlqTopic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c := newFakeCluster(t, parts)
 	brokers := c.ListenAddrs()
 
 	// Once every partition has asked for offset 1 (it has read its first
@@ -277,11 +269,7 @@ func TestIdleChecksShareOneRequest(t *testing.T) {
 // and the late answer passed for the new spell's (count 2 for the newest event,
 // 3 in replay).
 func TestIdleVerdictNeedsAnAnswerToItsOwnQuestion(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, inTopic, outTopic, dlqTopic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c := newFakeCluster(t, 1)
 	brokers := c.ListenAddrs()
 
 	// The first idle check (latest offset, read_committed) waits until
@@ -292,7 +280,7 @@ func TestIdleVerdictNeedsAnAnswerToItsOwnQuestion(t *testing.T) {
 	c.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		c.KeepControl()
 		lr := req.(*kmsg.ListOffsetsRequest)
-		if lr.IsolationLevel != 1 || len(lr.Topics) == 0 || len(lr.Topics[0].Partitions) == 0 || lr.Topics[0].Partitions[0].Timestamp != -1 {
+		if !isIdleCheck(lr) {
 			return nil, nil, false
 		}
 		if checks.Add(1) != 1 {
@@ -394,11 +382,7 @@ func firstWindowCounts(t *testing.T, got map[streamtest.Source][]streamtest.Outp
 // reading it wakes up with records the answer does not cover) is not used: the
 // partition asks again and is released on the fresh answer only.
 func TestIdleVerdictAsksAgainAfterAnOldAnswer(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, inTopic, outTopic, dlqTopic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c := newFakeCluster(t, 1)
 	brokers := c.ListenAddrs()
 	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
 	cfg.Watermark = watermark.Config{AllowedLateness: 5000, IdleTimeout: 300 * time.Millisecond}
@@ -409,7 +393,7 @@ func TestIdleVerdictAsksAgainAfterAnOldAnswer(t *testing.T) {
 	c.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		c.KeepControl()
 		lr := req.(*kmsg.ListOffsetsRequest)
-		if lr.IsolationLevel != 1 || len(lr.Topics) == 0 || len(lr.Topics[0].Partitions) == 0 || lr.Topics[0].Partitions[0].Timestamp != -1 {
+		if !isIdleCheck(lr) {
 			return nil, nil, false
 		}
 		if checks.Add(1) == 1 {
@@ -426,4 +410,10 @@ func TestIdleVerdictAsksAgainAfterAnOldAnswer(t *testing.T) {
 	if n := checks.Load(); n < 2 {
 		t.Errorf("released after %d idle checks: the answer that came %s after its question was used", n, 3*cfg.Watermark.IdleTimeout)
 	}
+}
+
+// isIdleCheck says whether lr is an idle verdict's question (lsoLookup): the
+// latest offsets, read_committed.
+func isIdleCheck(lr *kmsg.ListOffsetsRequest) bool {
+	return lr.IsolationLevel == 1 && len(lr.Topics) > 0 && len(lr.Topics[0].Partitions) > 0 && lr.Topics[0].Partitions[0].Timestamp == -1
 }

@@ -30,12 +30,18 @@ const (
 
 func newCluster(t *testing.T, partitions int) []string {
 	t.Helper()
+	return newFakeCluster(t, partitions).ListenAddrs()
+}
+
+// newFakeCluster is newCluster's cluster, for a test that controls its answers.
+func newFakeCluster(t *testing.T, partitions int) *kfake.Cluster {
+	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(int32(partitions), inTopic, outTopic, dlqTopic))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	return c.ListenAddrs()
+	return c
 }
 
 func produce(t *testing.T, brokers []string, recs []*kgo.Record) {
