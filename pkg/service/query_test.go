@@ -170,7 +170,8 @@ func startServiceB(b *testing.B, cfg Config) (*Service, func()) {
 
 // TestReadTimeout: a request whose worker does not serve it in time gives up with
 // context.DeadlineExceeded after its Timeout, and a request reused with a timeout
-// (its timer reset each time) is answered every time, never by a stale expiry.
+// (its timer reset each time) is answered every time, never by a stale expiry, and
+// still times out once it is not served.
 func TestReadTimeout(t *testing.T) {
 	stuck := &worker{queries: make(chan *ReadRequest, 1), done: make(chan struct{})}
 	s := &Service{workers: map[int32]*worker{0: stuck}}
@@ -184,25 +185,43 @@ func TestReadTimeout(t *testing.T) {
 		t.Fatalf("gave up after %v, timeout %v", el, req.Timeout)
 	}
 
-	// A worker that answers after 5 ms, reusing one request with a 50 ms timeout: a
-	// timer not reset, or still holding an old expiry, would fail some of them.
+	// A worker that answers after 20 ms, reusing one request with a 200 ms timeout: a
+	// timer not reset, or still holding an old expiry, would fail some of them, since
+	// the 30 reads take three times the timeout. (At 5 and 50 ms a loaded machine's
+	// scheduling delay alone failed a read now and then.)
 	served := &worker{queries: make(chan *ReadRequest, 1), done: make(chan struct{})}
 	s = &Service{workers: map[int32]*worker{0: served}}
 	go func() {
 		for r := range served.queries {
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond)
 			r.Specs = []window.Spec{}
 			r.done <- struct{}{}
 		}
 	}()
 	defer close(served.queries)
 	req = NewReadRequest(1, 1)
-	req.Timeout = 50 * time.Millisecond
+	req.Timeout = 200 * time.Millisecond
 	for i := range 30 {
 		req.Specs = nil
 		if err := s.Read(context.Background(), 0, req); err != nil {
 			t.Fatalf("read %d: %v", i, err)
 		}
+	}
+
+	// The same request, now unserved: its timer, stopped after the last answer,
+	// must run again, or the read would wait forever.
+	stuck2 := &worker{queries: make(chan *ReadRequest, 1), done: make(chan struct{})}
+	s = &Service{workers: map[int32]*worker{0: stuck2}}
+	req.Specs = nil
+	errc := make(chan error, 1)
+	go func() { errc <- s.Read(context.Background(), 0, req) }()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("unserved reused read: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("an unserved reused read never timed out: its timer was not reset")
 	}
 }
 
