@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
-	"sync"
 
-	"github.com/pierrec/lz4/v4"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/repartition"
@@ -70,41 +68,6 @@ func compressorFor(name string, c kgo.CompressionCodec) (kgo.Compressor, error) 
 	}
 	// The fallback matters only for brokers too old for the codec.
 	return kgo.DefaultCompressor(c, kgo.NoCompression())
-}
-
-// lz4Frames compresses a batch as the client's default LZ4 compressor does (one
-// frame, the fastest level, independent 4 MiB blocks), but without the frame's
-// optional content checksum, as Kafka's own producer writes LZ4
-// (KafkaLZ4BlockOutputStream sets neither the content nor the block checksum):
-// the batch's CRC-32C already covers the bytes, and the checksum, an xxh32 over
-// every uncompressed batch, was 2 % of the service's CPU. Every consumer reads
-// either frame.
-type lz4Frames struct{ pool sync.Pool }
-
-func newLZ4Frames() *lz4Frames {
-	c := &lz4Frames{}
-	c.pool.New = func() any {
-		w := lz4.NewWriter(nil)
-		// Options a writer keeps through Reset; neither can fail on a new writer.
-		if err := w.Apply(lz4.CompressionLevelOption(lz4.Fast), lz4.ChecksumOption(false)); err != nil {
-			panic(fmt.Sprintf("sink: lz4 writer options: %v", err))
-		}
-		return w
-	}
-	return c
-}
-
-func (c *lz4Frames) Compress(dst *bytes.Buffer, src []byte, _ ...kgo.CompressFlag) ([]byte, kgo.CompressionCodecType) {
-	w := c.pool.Get().(*lz4.Writer)
-	defer c.pool.Put(w)
-	w.Reset(dst)
-	if _, err := w.Write(src); err != nil {
-		return nil, kgo.CodecError
-	}
-	if err := w.Close(); err != nil {
-		return nil, kgo.CodecError
-	}
-	return dst.Bytes(), kgo.CodecLz4
 }
 
 // defaultCompression is ProducerOpts' compression: LZ4 for features and dead

@@ -258,10 +258,10 @@ func TestHopBatchesLeftUncompressed(t *testing.T) {
 
 // TestLZ4FramesWithoutContentChecksum: the outputs' LZ4 frames are Kafka's own
 // producer's (no content checksum, independent blocks), decompress to the batch,
-// and a writer taken from the pool again writes the same frame.
+// and a match table taken from the pool again gives the same frame.
 func TestLZ4FramesWithoutContentChecksum(t *testing.T) {
 	var src []byte
-	for i := range 3000 { // about 300 KB: a large batch, one block of the frame
+	for i := range 3000 { // about 300 KB: a large batch, five blocks of the frame
 		row := []byte(strings.Repeat(fmt.Sprintf("row %d of card-%d; ", i, i%7), 4))
 		src = appendRecordV2(src, []byte(fmt.Sprintf("card-%d", i)), row, [][2]string{{HeaderEmittedAt, "1700000000000"}})
 	}
@@ -289,7 +289,7 @@ func TestLZ4FramesWithoutContentChecksum(t *testing.T) {
 			if first == nil {
 				first = bytes.Clone(out)
 			} else if !bytes.Equal(out, first) {
-				t.Fatal("a pooled writer wrote another frame for the same batch")
+				t.Fatal("a pooled table gave another frame for the same batch")
 			}
 		}
 	}
