@@ -216,6 +216,12 @@ func TestLZ4FramesRoundTrip(t *testing.T) {
 			if len(in) > 0 && len(frame) > 7+len(in)+4*(len(in)/lz4BlockMax+1)+4 {
 				t.Fatalf("frame %d bytes for %d: larger than stored blocks", len(frame), len(in))
 			}
+			if name == "mixed" { // random, zeros, 10 random bytes: stored, compressed, stored
+				stored, packed := lz4BlockKinds(t, frame)
+				if stored != 2 || packed != 1 {
+					t.Fatalf("%d stored and %d compressed blocks, want 2 and 1", stored, packed)
+				}
+			}
 			if len(in) >= 1000 && bytes.HasPrefix([]byte(name), []byte("features")) {
 				ref := referenceLZ4(t, in)
 				if len(frame) >= len(in) || float64(len(frame)) > 1.1*float64(len(ref)) {
@@ -223,6 +229,23 @@ func TestLZ4FramesRoundTrip(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// lz4BlockKinds counts a frame's stored and compressed blocks.
+func lz4BlockKinds(t *testing.T, frame []byte) (stored, packed int) {
+	p := frame[7:]
+	for {
+		size := binary.LittleEndian.Uint32(p)
+		if size == 0 {
+			return stored, packed
+		}
+		if size&lz4Uncompressed != 0 {
+			stored++
+		} else {
+			packed++
+		}
+		p = p[4+size&^lz4Uncompressed:]
 	}
 }
 
