@@ -121,8 +121,8 @@ func TestKcatReadsOurRecords(t *testing.T) {
 // (sink.Compression: frames of independent 64 KiB blocks, written by our block
 // compressor) are read back whole by librdkafka, an LZ4 decoder independent of ours
 // and of franz-go's; the broker, which decompresses every batch to validate it,
-// accepted them first. One batch of about 600 KB holds compressible rows and rows
-// of random hex, so its frame has compressed and stored blocks.
+// accepted them first. One batch of about 600 KB, ten 64 KiB blocks, holds stretches
+// of compressible rows and of random hex, which compresses little.
 func TestKcatReadsOurLZ4Frames(t *testing.T) {
 	t.Parallel()
 	kcat := kcatPath(t)
