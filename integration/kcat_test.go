@@ -5,6 +5,7 @@ package integration
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -82,21 +83,9 @@ func TestKcatReadsOurRecords(t *testing.T) {
 		t.Fatalf("produce to %s: %v", topic, err)
 	}
 
-	cmd := exec.CommandContext(ctx, kcat, "-C", "-b", addr, "-t", topic, "-o", "beginning", "-e", "-J", "-q",
-		"-X", "socket.timeout.ms=10000")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("kcat -C %s: %v\n%s", topic, err, stderr.String())
-	}
+	out := kcatRead(ctx, t, kcat, addr, topic)
 	got := 0
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		var m kcatMessage
-		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
-			t.Fatalf("kcat printed %q: %v", sc.Text(), err)
-		}
+	for _, m := range out {
 		if m.Key == nil || m.Payload == nil {
 			t.Errorf("kcat: record at %s[%d]@%d has a null key or value", m.Topic, m.Partition, m.Offset)
 			continue
@@ -113,7 +102,7 @@ func TestKcatReadsOurRecords(t *testing.T) {
 		got++
 	}
 	if got != len(want) {
-		t.Errorf("kcat read %d records, want %d:\n%s", got, len(want), out)
+		t.Errorf("kcat read %d records, want %d: %+v", got, len(want), out)
 	}
 }
 
@@ -172,6 +161,21 @@ func TestKcatReadsOurLZ4Frames(t *testing.T) {
 		})
 	}
 
+	out := kcatRead(ctx, t, kcat, addr, topic)
+	for _, m := range out {
+		if m.Key == nil || m.Payload == nil || want[*m.Key] != *m.Payload {
+			t.Fatalf("kcat: record at offset %d is %+v, want one of ours", m.Offset, m)
+		}
+	}
+	if len(out) != len(want) {
+		t.Errorf("kcat read %d records, want %d", len(out), len(want))
+	}
+}
+
+// kcatRead reads topic from the beginning to its end with kcat, one message per
+// line of `kcat -C -J`.
+func kcatRead(ctx context.Context, t *testing.T, kcat, addr, topic string) []kcatMessage {
+	t.Helper()
 	cmd := exec.CommandContext(ctx, kcat, "-C", "-b", addr, "-t", topic, "-o", "beginning", "-e", "-J", "-q",
 		"-X", "socket.timeout.ms=10000")
 	var stderr bytes.Buffer
@@ -180,7 +184,7 @@ func TestKcatReadsOurLZ4Frames(t *testing.T) {
 	if err != nil {
 		t.Fatalf("kcat -C %s: %v\n%s", topic, err, stderr.String())
 	}
-	got := 0
+	var ms []kcatMessage
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
@@ -188,14 +192,9 @@ func TestKcatReadsOurLZ4Frames(t *testing.T) {
 		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
 			t.Fatalf("kcat printed %q: %v", sc.Text(), err)
 		}
-		if m.Key == nil || m.Payload == nil || want[*m.Key] != *m.Payload {
-			t.Fatalf("kcat: record at offset %d is %v, want one of ours", m.Offset, sc.Text())
-		}
-		got++
+		ms = append(ms, m)
 	}
-	if got != len(want) {
-		t.Errorf("kcat read %d records, want %d", got, len(want))
-	}
+	return ms
 }
 
 // TestWeReadKcatRecords is the other direction: kcat produces with headers, franz-go reads.
