@@ -417,3 +417,63 @@ func TestIdleVerdictAsksAgainAfterAnOldAnswer(t *testing.T) {
 func isIdleCheck(lr *kmsg.ListOffsetsRequest) bool {
 	return lr.IsolationLevel == 1 && len(lr.Topics) > 0 && len(lr.Topics[0].Partitions) > 0 && lr.Topics[0].Partitions[0].Timestamp == -1
 }
+
+// TestWarmUpRepeatsTheLastIdleRelease: a new owner without a snapshot of the
+// partition (per-instance file stores, a lost store) rebuilds its state by a
+// warm-up read up to the committed offset, and must hold pending only what
+// the previous owner still held there. The previous owner released its
+// reorder buffer on the idle timeout and committed after it; unless the
+// warm-up repeats that release, the released events are pending again and
+// the new owner publishes them a second time, counted after an older event
+// that arrived later (not as they were published the first time). The
+// commit records where the release was, in both modes. Before the default
+// mode's commits carried it, its new owner published offsets 0 and 1 twice
+// (the fault checker's file-features 2939272129: repeats unlike the first
+// outputs and replay's, with nothing in the outputs to show an idle release).
+func TestWarmUpRepeatsTheLastIdleRelease(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		eos  bool
+	}{
+		{"default mode", false},
+		{"exactly-once", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			brokers := newCluster(t, 1)
+			cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
+			cfg.ExactlyOnce = tc.eos
+			cfg.Watermark = watermark.Config{AllowedLateness: 5000, IdleTimeout: 300 * time.Millisecond}
+			cfg.Host = "first"
+			// Both within the lateness of the newest: pending until the idle
+			// rule releases them.
+			produce(t, brokers, []*kgo.Record{cardRecord("a", idleBase+10_000), cardRecord("b", idleBase+10_500)})
+			_, stop := startService(t, cfg)
+			readOutputs(t, brokers, 2, 30*time.Second) // released on idle (and, exactly-once, committed)
+			time.Sleep(5 * cfg.CheckpointInterval)     // a checkpoint after the release
+			stop()                                     // and the handover's
+
+			// The next owner has no snapshot: it warms up to the committed offset.
+			next := cfg
+			next.Store = checkpoint.NewMemoryStore()
+			next.Host = "next"
+			_, stop = startService(t, next)
+			// Older than both, within the lateness: accepted, and after the
+			// release counted out of order by an owner whose state is the
+			// first one's.
+			produce(t, brokers, []*kgo.Record{cardRecord("c", idleBase+9_000)})
+			readOutputs(t, brokers, 3, 30*time.Second)
+			time.Sleep(5 * next.Watermark.IdleTimeout) // idle again: anything pending is released
+			time.Sleep(5 * next.CheckpointInterval)
+			stop()
+
+			got := readOutputs(t, brokers, 3, 30*time.Second)
+			for off := int64(0); off < 3; off++ {
+				outs := got[streamtest.Source{Partition: 0, Offset: off}]
+				if len(outs) != 1 || outs[0].Dead {
+					t.Errorf("input offset %d: %d outputs (dead letter: %v), want one features record: the new owner's warm-up did not repeat the idle release its commit followed",
+						off, len(outs), len(outs) > 0 && outs[0].Dead)
+				}
+			}
+		})
+	}
+}

@@ -928,6 +928,12 @@ func (s *Service) acquire(ctx context.Context, p int32, committed int64) (int64,
 		if committed, _, err = s.committedOffset(ctx, p); err != nil {
 			return 0, err
 		}
+	} else if committed > 0 {
+		// The default mode: franz-go fetched the committed offset but keeps
+		// no metadata, which says where the last owner released its reorder
+		// buffer on the idle timeout (worker.commit); a warm-up repeats that
+		// release. Taken only if it is the note of the same offset.
+		meta = s.defaultCommitMeta(ctx, p, committed)
 	}
 	closeTxn := func() {
 		if txn != nil {
@@ -946,7 +952,7 @@ func (s *Service) acquire(ctx context.Context, p int32, committed int64) (int64,
 	s.log.Debug("claimed; restoring", zap.Int32("partition", p), zap.Uint64("epoch", epoch))
 	note, hasNote, err := checkpoint.ParseCommitMetadata(meta)
 	if err != nil {
-		s.log.Warn("exactly-once: the committed offset's metadata is not ours; matching the snapshot by offset alone",
+		s.log.Warn("the committed offset's metadata is not ours; matching the snapshot by offset alone, and a warm-up repeats no idle release",
 			zap.Int32("partition", p), zap.Error(err))
 	}
 	proc, next, err := s.restore(ctx, p, committed, note, hasNote, epoch)
@@ -1209,10 +1215,28 @@ func (s *Service) startOffset(ctx context.Context, p int32) (int64, error) {
 	return o.Offset, nil
 }
 
+// defaultCommitMeta returns the metadata of partition p's committed offset if
+// the group's offset is still committed (the default mode), or "" when it is
+// another or cannot be read: the state is then restored as without a note,
+// the warm-up repeating no idle release, which costs at most repeated outputs
+// around the last one (the default mode is at-least-once).
+func (s *Service) defaultCommitMeta(ctx context.Context, p int32, committed int64) string {
+	got, meta, err := s.committedOffset(ctx, p)
+	if err != nil {
+		s.log.Warn("could not read the committed offset's metadata; a warm-up repeats no idle release",
+			zap.Int32("partition", p), zap.Int64("committed", committed), zap.Error(err))
+		return ""
+	}
+	if got != committed {
+		return ""
+	}
+	return meta
+}
+
 // restore loads the partition's snapshot. next is the offset to fetch from, or
 // -1 to keep the group's committed (or reset) offset. committed is the group's
-// committed offset, note what an exactly-once commit recorded with it (hasNote
-// false without one); epoch is this owner's claim.
+// committed offset, note what the commit recorded with it (hasNote false
+// without one); epoch is this owner's claim.
 //
 // A snapshot is never resumed silently when it is behind what the group has
 // committed: another owner moved the partition on after it was saved (a
@@ -1272,7 +1296,7 @@ func (s *Service) restore(ctx context.Context, p int32, committed int64, note ch
 		s.m.SnapshotsStale.Inc()
 		s.log.Warn("the snapshot is behind the group's committed offset (another owner moved the partition on since it was saved): not resuming from it; rebuilding from the committed offset",
 			zap.Int32("partition", p), zap.Int64("snapshot_next", snap.Next), zap.Int64("committed", committed))
-		return s.rebuild(ctx, p, committed, -1)
+		return s.rebuild(ctx, p, committed, note.IdleFlushAt)
 	}
 	proc, err := pipeline.Restore(cfg, snap.State)
 	if errors.Is(err, watermark.ErrSegment) {

@@ -25,8 +25,9 @@ import (
 type bgResult struct {
 	snap      *pipeline.PendingSnapshot
 	next      int64
-	saved     bool // the snapshot is durable
-	committed bool // and next is committed
+	note      checkpoint.CommitNote // what the commit of next records with it
+	saved     bool                  // the snapshot is durable
+	committed bool                  // and next is committed
 	err       error
 }
 
@@ -105,11 +106,14 @@ type worker struct {
 	epoch uint64 // this ownership's owner epoch (checkpoint.Store.Claim)
 	seq   uint64 // the last snapshot sequence number used under epoch
 	// idleFlushAt is Next when the reorder buffer was last released whole on
-	// the idle timeout (-1: not known). Exactly-once commits carry it
-	// (checkpoint.CommitNote) for a warm-up to repeat.
+	// the idle timeout (-1: not known). Commits carry it, in both modes
+	// (checkpoint.CommitNote), for a warm-up to repeat.
 	idleFlushAt int64
 	dirty       bool
 	savedNext   int64
+	// savedNote is the note of the last durable snapshot, for a commit of
+	// savedNext made later (catchUpCommit); nil before this worker saved one.
+	savedNote   *checkpoint.CommitNote
 	committed   int64
 	lastDurable time.Time
 	lastSweep   time.Time // of unlisted dedupe segments (zero: not since the partition was assigned)
@@ -782,15 +786,15 @@ func (w *worker) catchUpCommit() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	w.commitLogged(ctx, w.savedNext)
+	w.commitLogged(ctx, w.savedNext, w.savedNote)
 	return nil
 }
 
 // commitLogged commits next for the group (default mode). A failure is not an
 // error: the snapshot is saved, so a restart resumes from it whatever the
 // group's offset says; committed stays behind and the commit is retried.
-func (w *worker) commitLogged(ctx context.Context, next int64) {
-	if err := w.commit(ctx, next); err != nil {
+func (w *worker) commitLogged(ctx context.Context, next int64, note *checkpoint.CommitNote) {
+	if err := w.commit(ctx, next, note); err != nil {
 		w.s.m.CommitErrors.Inc()
 		w.s.log.Warn("offset commit failed; retried at the next checkpoint", zap.Int32("partition", w.part), zap.Int64("next", next), zap.Error(err))
 		return
@@ -909,7 +913,7 @@ func (w *worker) completeSweep() {
 // worker is released (the partition lost or revoked) it stops before the save
 // and before the commit: an old owner must not move the group's offset.
 func (w *worker) persist(sw *sweep) bgResult {
-	res := bgResult{snap: sw.snap, next: sw.next}
+	res := bgResult{snap: sw.snap, next: sw.next, note: checkpoint.CommitNote{Snapshot: sw.id, IdleFlushAt: sw.flush}}
 	state, err := sw.snap.Finish()
 	if err != nil {
 		w.s.m.CheckpointErrors.Inc()
@@ -950,13 +954,13 @@ func (w *worker) persist(sw *sweep) bgResult {
 		// between leaves it ahead of the committed transaction, and restore
 		// steps back to the previous one, found by the ID this commit
 		// carries (checkpoint.ForCommitted).
-		if err := w.commitTxn(ctx, sw.next, checkpoint.CommitNote{Snapshot: sw.id, IdleFlushAt: sw.flush}, sw.offsetsOnly); err != nil {
+		if err := w.commitTxn(ctx, sw.next, res.note, sw.offsetsOnly); err != nil {
 			w.s.m.CommitErrors.Inc()
 			res.err = fmt.Errorf("partition %d: exactly-once commit of offset %d: %w", w.part, sw.next, err)
 			return res
 		}
 		res.committed = true
-	} else if err := w.commit(ctx, sw.next); err != nil {
+	} else if err := w.commit(ctx, sw.next, &res.note); err != nil {
 		// Not an error: the snapshot is saved, so a restart resumes from it
 		// whatever the group's offset says; settle leaves committed behind
 		// and the next checkpoint retries.
@@ -980,6 +984,8 @@ func (w *worker) settle(res bgResult) error {
 	w.snapBuf = res.snap.Bytes()[:0]
 	if res.saved {
 		w.savedNext = res.next
+		note := res.note
+		w.savedNote = &note
 		w.deleteSegments(w.proc.SnapshotSaved(res.snap))
 		w.sweepSegments()
 	} else {
@@ -1126,7 +1132,31 @@ func (w *worker) deleteSegments(refs [][]byte) {
 	})
 }
 
-func (w *worker) commit(ctx context.Context, next int64) error {
+// commit commits next for the group (default mode), with note in the
+// offset's metadata when there is one: where the partition last released its
+// whole reorder buffer on the idle timeout, which a new owner that has to
+// rebuild the state by a warm-up read repeats (Service.warmUp). Without it
+// the warm-up holds the released events pending again, and the new owner
+// publishes them a second time, counted in another order than the first time
+// (an older event that arrives after the release is counted before them).
+func (w *worker) commit(ctx context.Context, next int64, note *checkpoint.CommitNote) error {
+	if note != nil {
+		meta := checkpoint.CommitMetadata(*note)
+		topic, part := w.s.cfg.InputTopic, w.part
+		ctx = kgo.PreCommitFnContext(ctx, func(req *kmsg.OffsetCommitRequest) error {
+			for i := range req.Topics {
+				if req.Topics[i].Topic != topic {
+					continue
+				}
+				for j := range req.Topics[i].Partitions {
+					if req.Topics[i].Partitions[j].Partition == part {
+						req.Topics[i].Partitions[j].Metadata = &meta
+					}
+				}
+			}
+			return nil
+		})
+	}
 	var cerr error
 	w.s.cons.CommitOffsetsSync(ctx, map[string]map[int32]kgo.EpochOffset{
 		w.s.cfg.InputTopic: {w.part: {Epoch: -1, Offset: next}},
