@@ -276,21 +276,15 @@ func TestIdleVerdictNeedsAnAnswerToItsOwnQuestion(t *testing.T) {
 	// answerLate is closed, then gets the end as it was when asked (1).
 	answerLate := make(chan struct{})
 	asked := make(chan struct{})
-	var checks atomic.Int32
-	c.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		lr := req.(*kmsg.ListOffsetsRequest)
-		if !isIdleCheck(lr) {
-			return nil, nil, false
-		}
-		if checks.Add(1) != 1 {
-			return nil, nil, false
+	controlIdleChecks(c, func(n int32, lr *kmsg.ListOffsetsRequest) kmsg.Response {
+		if n != 1 {
+			return nil
 		}
 		close(asked)
 		c.SleepControl(func() { <-answerLate })
 		return kfaketest.AnswerListOffsets(lr, func(sp *kmsg.ListOffsetsResponseTopicPartition) {
 			sp.Offset, sp.Timestamp, sp.LeaderEpoch = 1, -1, 0
-		}), nil, true
+		})
 	})
 	// Fetches from offset 2 on wait until fetchOn is closed.
 	fetchOn := make(chan struct{})
@@ -389,17 +383,11 @@ func TestIdleVerdictAsksAgainAfterAnOldAnswer(t *testing.T) {
 
 	// The first idle check is answered (truly: nothing more to read) three idle
 	// timeouts after it was asked; later ones at once.
-	var checks atomic.Int32
-	c.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		lr := req.(*kmsg.ListOffsetsRequest)
-		if !isIdleCheck(lr) {
-			return nil, nil, false
-		}
-		if checks.Add(1) == 1 {
+	checks := controlIdleChecks(c, func(n int32, _ *kmsg.ListOffsetsRequest) kmsg.Response {
+		if n == 1 {
 			c.SleepControl(func() { time.Sleep(3 * cfg.Watermark.IdleTimeout) })
 		}
-		return nil, nil, false
+		return nil
 	})
 	produce(t, brokers, []*kgo.Record{cardRecord("a", idleBase)}) // pending until the idle rule releases it
 	startService(t, cfg)
@@ -412,10 +400,24 @@ func TestIdleVerdictAsksAgainAfterAnOldAnswer(t *testing.T) {
 	}
 }
 
-// isIdleCheck says whether lr is an idle verdict's question (lsoLookup): the
-// latest offsets, read_committed.
-func isIdleCheck(lr *kmsg.ListOffsetsRequest) bool {
-	return lr.IsolationLevel == 1 && len(lr.Topics) > 0 && len(lr.Topics[0].Partitions) > 0 && lr.Topics[0].Partitions[0].Timestamp == -1
+// controlIdleChecks hands the cluster's idle verdict questions (lsoLookup: the
+// latest offsets, read_committed) to answer, with their number from 1; answer
+// returns the response, or nil for the cluster's own. It returns the count of
+// questions so far.
+func controlIdleChecks(c *kfake.Cluster, answer func(n int32, lr *kmsg.ListOffsetsRequest) kmsg.Response) *atomic.Int32 {
+	checks := new(atomic.Int32)
+	c.ControlKey(int16(kmsg.ListOffsets), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		lr := req.(*kmsg.ListOffsetsRequest)
+		if lr.IsolationLevel != 1 || len(lr.Topics) == 0 || len(lr.Topics[0].Partitions) == 0 || lr.Topics[0].Partitions[0].Timestamp != -1 {
+			return nil, nil, false
+		}
+		if resp := answer(checks.Add(1), lr); resp != nil {
+			return resp, nil, true
+		}
+		return nil, nil, false
+	})
+	return checks
 }
 
 // TestWarmUpRepeatsTheLastIdleRelease: a new owner without a snapshot of the
