@@ -57,29 +57,55 @@ func CommittedBefore(l Loaded) bool {
 	return !l.FellBack && prev != nil && prev.Epoch == l.Epoch && prev.Epoch != 0 && l.Seq == prev.Seq+1
 }
 
-// CommitNote is what an exactly-once offset commit records, in its metadata,
-// beside the offset: which snapshot it covers, and where the partition last
-// released its whole reorder buffer on its idle timeout.
+// CommitNote is what an offset commit records, in its metadata, beside the
+// offset: which snapshot it covers, and where the partition released its whole
+// reorder buffer on its idle timeout.
 type CommitNote struct {
-	// Snapshot is the ID of the snapshot whose Next is the committed offset.
+	// Snapshot is the ID of the snapshot whose Next is the committed offset
+	// (exactly-once; the default mode matches snapshots by offset alone).
 	Snapshot ID
 	// IdleFlushAt is the partition's Next when it last released everything
-	// pending because its input was idle (-1: not known to have). A warm-up
-	// read cannot see a release the wall clock decided; with this it repeats
-	// the last one at the same position, so that events the previous owner
-	// released and committed are not held and released (and committed) again.
+	// pending because its input was idle, at or before the committed offset
+	// (-1: not known to have). A warm-up read cannot see a release the wall
+	// clock decided; with this it repeats the last one at the same position,
+	// so that events the previous owner released and committed are not held
+	// and released (and committed) again.
 	IdleFlushAt int64
+	// IdleFlushAhead is a release past the committed offset (-1: none): the
+	// default mode publishes a release's outputs at once, before any
+	// checkpoint covers it, so it commits this note first; the next owner,
+	// resuming from an earlier position, releases at the same one, and its
+	// outputs are those already published (docs/checkpoints.md, "The idle
+	// release is committed before its outputs").
+	IdleFlushAhead int64
 }
+
+// NoCommitNote is the note of a commit that records nothing.
+var NoCommitNote = CommitNote{IdleFlushAt: -1, IdleFlushAhead: -1}
+
+// LastIdleFlush is the last release the note records, ahead of the committed
+// offset or not (-1: none).
+func (n CommitNote) LastIdleFlush() int64 { return max(n.IdleFlushAt, n.IdleFlushAhead) }
 
 // commitMetaPrefix starts the offset commit metadata of a CommitNote.
 const commitMetaPrefix = "velocity-snapshot:"
 
+// The note's optional fields, after its snapshot ID.
+const (
+	idleFlushField      = "idle-flush="
+	idleFlushAheadField = "idle-flush-ahead="
+)
+
 // CommitMetadata encodes a note as offset commit metadata:
-// "velocity-snapshot:<epoch>.<seq>", then ";idle-flush=<offset>" when known.
+// "velocity-snapshot:<epoch>.<seq>", then ";idle-flush=<offset>" and
+// ";idle-flush-ahead=<offset>" when known.
 func CommitMetadata(n CommitNote) string {
 	s := commitMetaPrefix + strconv.FormatUint(n.Snapshot.Epoch, 10) + "." + strconv.FormatUint(n.Snapshot.Seq, 10)
 	if n.IdleFlushAt >= 0 {
-		s += ";idle-flush=" + strconv.FormatInt(n.IdleFlushAt, 10)
+		s += ";" + idleFlushField + strconv.FormatInt(n.IdleFlushAt, 10)
+	}
+	if n.IdleFlushAhead >= 0 {
+		s += ";" + idleFlushAheadField + strconv.FormatInt(n.IdleFlushAhead, 10)
 	}
 	return s
 }
@@ -87,31 +113,50 @@ func CommitMetadata(n CommitNote) string {
 // ParseCommitMetadata reads what CommitMetadata wrote. Metadata that is empty
 // or not ours gives ok=false and no error (a commit made by an older version,
 // or by another tool); metadata that starts like ours and does not parse is an
-// error. A note without an idle flush has IdleFlushAt -1.
+// error. A field the metadata lacks is -1 in the note.
 func ParseCommitMetadata(meta string) (n CommitNote, ok bool, err error) {
 	rest, found := strings.CutPrefix(meta, commitMetaPrefix)
 	if !found {
-		return CommitNote{IdleFlushAt: -1}, false, nil
+		return NoCommitNote, false, nil
 	}
 	bad := func() (CommitNote, bool, error) {
-		return CommitNote{IdleFlushAt: -1}, false, fmt.Errorf("offset commit metadata %q does not name a snapshot", meta)
+		return NoCommitNote, false, fmt.Errorf("offset commit metadata %q does not name a snapshot", meta)
 	}
-	id, flush, hasFlush := strings.Cut(rest, ";idle-flush=")
+	id, fields, hasFields := strings.Cut(rest, ";")
 	e, sq, found := strings.Cut(id, ".")
 	if !found {
 		return bad()
 	}
-	n.IdleFlushAt = -1
+	n = NoCommitNote
 	if n.Snapshot.Epoch, err = strconv.ParseUint(e, 10, 64); err != nil {
 		return bad()
 	}
 	if n.Snapshot.Seq, err = strconv.ParseUint(sq, 10, 64); err != nil {
 		return bad()
 	}
-	if hasFlush {
-		if n.IdleFlushAt, err = strconv.ParseInt(flush, 10, 64); err != nil || n.IdleFlushAt < 0 {
+	if !hasFields {
+		return n, true, nil
+	}
+	// Each field at most once, in CommitMetadata's order.
+	parts := strings.Split(fields, ";")
+	for _, f := range []struct {
+		name string
+		to   *int64
+	}{{idleFlushField, &n.IdleFlushAt}, {idleFlushAheadField, &n.IdleFlushAhead}} {
+		if len(parts) == 0 {
+			break
+		}
+		v, found := strings.CutPrefix(parts[0], f.name)
+		if !found {
+			continue
+		}
+		parts = parts[1:]
+		if *f.to, err = strconv.ParseInt(v, 10, 64); err != nil || *f.to < 0 {
 			return bad()
 		}
+	}
+	if len(parts) > 0 {
+		return bad()
 	}
 	return n, true, nil
 }

@@ -46,19 +46,40 @@ func TestForCommitted(t *testing.T) {
 
 func TestCommitMetadata(t *testing.T) {
 	for _, n := range []CommitNote{
-		{IdleFlushAt: -1},
-		{Snapshot: ID{1 << 32, 1}, IdleFlushAt: -1},
-		{Snapshot: ID{1 << 32, 7}, IdleFlushAt: 0},
-		{Snapshot: ID{3 << 32, 2}, IdleFlushAt: 123456},
-		{Snapshot: ID{^uint64(0), ^uint64(0)}, IdleFlushAt: 1<<63 - 1},
+		NoCommitNote,
+		{Snapshot: ID{1 << 32, 1}, IdleFlushAt: -1, IdleFlushAhead: -1},
+		{Snapshot: ID{1 << 32, 7}, IdleFlushAt: 0, IdleFlushAhead: -1},
+		{Snapshot: ID{3 << 32, 2}, IdleFlushAt: 123456, IdleFlushAhead: -1},
+		{Snapshot: ID{^uint64(0), ^uint64(0)}, IdleFlushAt: 1<<63 - 1, IdleFlushAhead: -1},
+		{Snapshot: ID{3, 2}, IdleFlushAt: 10, IdleFlushAhead: 12},
+		{Snapshot: ID{3, 2}, IdleFlushAt: -1, IdleFlushAhead: 0},
 	} {
 		got, ok, err := ParseCommitMetadata(CommitMetadata(n))
 		if err != nil || !ok || got != n {
 			t.Errorf("round trip of %+v (%q): %+v %v %v", n, CommitMetadata(n), got, ok, err)
 		}
 	}
-	if m := CommitMetadata(CommitNote{Snapshot: ID{5, 6}, IdleFlushAt: 9}); m != "velocity-snapshot:5.6;idle-flush=9" {
-		t.Errorf("metadata %q changed its format: stored commits must stay readable", m)
+	// Stored commits must stay readable: the format of each field is fixed.
+	for _, tc := range []struct {
+		n    CommitNote
+		meta string
+	}{
+		{CommitNote{Snapshot: ID{5, 6}, IdleFlushAt: 9, IdleFlushAhead: -1}, "velocity-snapshot:5.6;idle-flush=9"},
+		{CommitNote{Snapshot: ID{5, 6}, IdleFlushAt: 9, IdleFlushAhead: 11}, "velocity-snapshot:5.6;idle-flush=9;idle-flush-ahead=11"},
+		{CommitNote{Snapshot: ID{5, 6}, IdleFlushAt: -1, IdleFlushAhead: 11}, "velocity-snapshot:5.6;idle-flush-ahead=11"},
+	} {
+		if m := CommitMetadata(tc.n); m != tc.meta {
+			t.Errorf("metadata %q, want %q: the format changed", m, tc.meta)
+		}
+		if n, ok, err := ParseCommitMetadata(tc.meta); !ok || err != nil || n != tc.n {
+			t.Errorf("ParseCommitMetadata(%q) = %+v %v %v, want %+v", tc.meta, n, ok, err, tc.n)
+		}
+	}
+	if got := (CommitNote{IdleFlushAt: 9, IdleFlushAhead: 11}).LastIdleFlush(); got != 11 {
+		t.Errorf("LastIdleFlush = %d, want the release ahead, 11", got)
+	}
+	if got := (CommitNote{IdleFlushAt: 9, IdleFlushAhead: -1}).LastIdleFlush(); got != 9 {
+		t.Errorf("LastIdleFlush = %d, want 9", got)
 	}
 	for _, tc := range []struct {
 		meta    string
@@ -73,9 +94,16 @@ func TestCommitMetadata(t *testing.T) {
 		{"velocity-snapshot:1.2;idle-flush=", true},
 		{"velocity-snapshot:1.2;idle-flush=-5", true},
 		{"velocity-snapshot:1.2;idle-flush=7x", true},
+		{"velocity-snapshot:1.2;idle-flush-ahead=", true},
+		{"velocity-snapshot:1.2;idle-flush-ahead=-1", true},
+		{"velocity-snapshot:1.2;idle-flush-ahead=3;idle-flush=2", true}, // out of order
+		{"velocity-snapshot:1.2;idle-flush=2;idle-flush=3", true},
+		{"velocity-snapshot:1.2;idle-flush=2;", true},
+		{"velocity-snapshot:1.2;other=2", true},
+		{"velocity-snapshot:1.2;", true},
 	} {
 		n, ok, err := ParseCommitMetadata(tc.meta)
-		if ok || (err != nil) != tc.wantErr || n.IdleFlushAt != -1 {
+		if ok || (err != nil) != tc.wantErr || n != NoCommitNote {
 			t.Errorf("ParseCommitMetadata(%q) = %+v ok %v err %v; want no note and error %v", tc.meta, n, ok, err, tc.wantErr)
 		}
 	}
@@ -84,6 +112,8 @@ func TestCommitMetadata(t *testing.T) {
 func FuzzParseCommitMetadata(f *testing.F) {
 	f.Add("velocity-snapshot:4294967297.3")
 	f.Add("velocity-snapshot:4294967297.3;idle-flush=77")
+	f.Add("velocity-snapshot:4294967297.3;idle-flush=77;idle-flush-ahead=79")
+	f.Add("velocity-snapshot:4294967297.3;idle-flush-ahead=79")
 	f.Add("")
 	f.Add("velocity-snapshot:1.")
 	f.Fuzz(func(t *testing.T, meta string) {

@@ -1,6 +1,9 @@
 package service
 
 import (
+	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -8,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -18,6 +22,7 @@ import (
 	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/metrics"
+	"github.com/velocity-consumer/velocity-consumer/pkg/pipeline"
 	"github.com/velocity-consumer/velocity-consumer/pkg/watermark"
 )
 
@@ -475,6 +480,154 @@ func TestWarmUpRepeatsTheLastIdleRelease(t *testing.T) {
 					t.Errorf("input offset %d: %d outputs (dead letter: %v), want one features record: the new owner's warm-up did not repeat the idle release its commit followed",
 						off, len(outs), len(outs) > 0 && outs[0].Dead)
 				}
+			}
+		})
+	}
+}
+
+// savesRefused is a snapshot store that refuses every save once refuse is
+// set: with the group refusing commits too, the durable state of an instance
+// stops where a SIGKILL would have stopped it.
+type savesRefused struct {
+	*checkpoint.MemoryStore // with its dedupe segments
+	refuse                  *atomic.Bool
+}
+
+func (s savesRefused) Save(ctx context.Context, key checkpoint.Key, snap checkpoint.Snapshot) error {
+	if s.refuse.Load() {
+		return errors.New("refused: the instance is gone")
+	}
+	return s.MemoryStore.Save(ctx, key, snap)
+}
+
+// TestIdleReleaseIsDurableBeforeItsOutputs: in the default mode an owner
+// releases its reorder buffer on the idle timeout and publishes the outputs
+// at once; then nothing of it becomes durable (a SIGKILL before the next
+// checkpoint: from the first output on, saves and commits fail). The next
+// owner resumes from the last checkpoint, taken before the release, from its
+// snapshot or by a warm-up read, at the position of the release or before
+// it; an event older than the released ones arrives. The next owner must
+// publish the released events' outputs as the first owner did, and count the
+// older event after them (out of order, as the idle rule allows, its own
+// windows read at its event time), not count it first and publish outputs for
+// the same offsets that differ from the first ones, which no output would
+// explain. Before the release's position was committed ahead of its outputs,
+// every variant published offsets 0 and 1 a second time with the older event
+// in.
+func TestIdleReleaseIsDurableBeforeItsOutputs(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		snapshot bool // the next owner has the snapshot; else a warm-up read
+		// behind: the last checkpoint is of event a alone, b came after it
+		// (the next owner reaches the release's position by reading b);
+		// else of both, pending.
+		behind bool
+	}{
+		{"from the snapshot, at the release", true, false},
+		{"by a warm-up read, at the release", false, false},
+		{"from the snapshot, before the release", true, true},
+		{"by a warm-up read, before the release", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newFakeCluster(t, 1)
+			brokers := c.ListenAddrs()
+			var gone atomic.Bool
+			c.ControlKey(int16(kmsg.OffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
+				c.KeepControl()
+				if !gone.Load() {
+					return nil, nil, false
+				}
+				creq := req.(*kmsg.OffsetCommitRequest)
+				resp := creq.ResponseKind().(*kmsg.OffsetCommitResponse)
+				for _, rt := range creq.Topics {
+					st := kmsg.NewOffsetCommitResponseTopic()
+					st.Topic = rt.Topic
+					for _, rp := range rt.Partitions {
+						sp := kmsg.NewOffsetCommitResponseTopicPartition()
+						sp.Partition, sp.ErrorCode = rp.Partition, kerr.CoordinatorNotAvailable.Code
+						st.Partitions = append(st.Partitions, sp)
+					}
+					resp.Topics = append(resp.Topics, st)
+				}
+				return resp, nil, true
+			})
+			store := checkpoint.NewMemoryStore()
+			key := checkpoint.Key{Group: "g", Topic: inTopic, Partition: 0}
+			late := watermark.Config{AllowedLateness: 5000, IdleTimeout: 300 * time.Millisecond}
+			// Both within the lateness of the newest: pending until the idle
+			// rule releases them.
+			a, b := cardRecord("a", idleBase+10_000), cardRecord("b", idleBase+10_500)
+			if tc.behind {
+				// A checkpoint of a alone, pending (a graceful handover),
+				// then b, and an owner that checkpoints only when it stops.
+				produce(t, brokers, []*kgo.Record{a})
+				cfg := testConfig(t, brokers, store)
+				cfg.Watermark, cfg.Host = late, "zeroth"
+				cfg.Watermark.IdleTimeout = time.Hour
+				_, stop := startService(t, cfg)
+				waitFor(t, "a snapshot of a", 30*time.Second, func() bool {
+					l, err := store.Load(context.Background(), key)
+					return err == nil && l.Next == 1
+				})
+				stop()
+				produce(t, brokers, []*kgo.Record{b})
+			} else {
+				produce(t, brokers, []*kgo.Record{a, b})
+			}
+			cfg := testConfig(t, brokers, savesRefused{store, &gone})
+			cfg.Watermark, cfg.Host = late, "first"
+			if tc.behind {
+				cfg.CheckpointInterval = time.Hour
+			}
+			// From the release's first output on, nothing more is durable.
+			cfg.Observe = func(*pipeline.Output) { gone.Store(true) }
+			first, err := New(cfg, zaptest.NewLogger(t).Named(cfg.Host), metrics.New(prometheus.NewRegistry()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- first.Run(ctx) }()
+			firstOuts := readOutputs(t, brokers, 2, 30*time.Second)
+			want := int64(2)
+			if tc.behind {
+				want = 1
+			}
+			if l, err := store.Load(context.Background(), key); err != nil || l.Next != want {
+				t.Fatalf("the last snapshot before the release: next %d, %v; want %d", l.Next, err, want)
+			}
+			cancel()
+			select {
+			case <-done: // its shutdown checkpoint fails: refused
+			case <-time.After(30 * time.Second):
+				t.Fatal("the first instance did not stop")
+			}
+
+			next := testConfig(t, brokers, store)
+			if !tc.snapshot {
+				next.Store = checkpoint.NewMemoryStore()
+			}
+			next.Watermark, next.Host = late, "next"
+			gone.Store(false)
+			startService(t, next)
+			// Older than both, within the lateness: accepted.
+			produce(t, brokers, []*kgo.Record{cardRecord("c", idleBase+9_000)})
+			got := readOutputs(t, brokers, 3, 30*time.Second)
+			for off := int64(0); off < 2; off++ {
+				src := streamtest.Source{Partition: 0, Offset: off}
+				want := firstOuts[src]
+				if len(want) != 1 {
+					t.Fatalf("input offset %d: the first owner published %d outputs, want 1", off, len(want))
+				}
+				for i, o := range got[src] {
+					if o.Dead || !bytes.Equal(o.Value, want[0].Value) {
+						t.Errorf("input offset %d, output %d of %d: unlike the first owner's (dead letter: %v): the next owner did not release where the first one had",
+							off, i+1, len(got[src]), o.Dead)
+					}
+				}
+			}
+			if older := got[streamtest.Source{Partition: 0, Offset: 2}]; len(older) != 1 || older[0].Dead {
+				t.Errorf("the older event: outputs %+v, want one features record", older)
 			}
 		})
 	}

@@ -928,7 +928,7 @@ func (s *Service) acquire(ctx context.Context, p int32, committed int64) (int64,
 		if committed, _, err = s.committedOffset(ctx, p); err != nil {
 			return 0, err
 		}
-	} else if committed > 0 {
+	} else if committed >= 0 {
 		// The default mode: franz-go fetched the committed offset but keeps
 		// no metadata, which says where the last owner released its reorder
 		// buffer on the idle timeout (worker.commit); a warm-up repeats that
@@ -969,7 +969,7 @@ func (s *Service) acquire(ctx context.Context, p int32, committed int64) (int64,
 	s.mu.Lock()
 	delete(s.txnLost, p)
 	s.mu.Unlock()
-	w := s.startWorker(p, proc, txn, epoch, committed, note.IdleFlushAt)
+	w := s.startWorker(p, proc, txn, epoch, committed, note)
 	s.log.Info("partition assigned", zap.Int32("partition", p), zap.Int64("committed", committed), zap.Int64("resume_at", w.proc.Next()))
 	return next, nil
 }
@@ -1265,7 +1265,7 @@ func (s *Service) restore(ctx context.Context, p int32, committed int64, note ch
 		// every output still retained, so the newest snapshot is resumed, as
 		// in the default mode (docs/exactly-once.md, "No committed offset").
 		s.log.Warn("exactly-once: the group has no committed offset for the partition but the snapshot store has a snapshot (the group's offsets expired or were deleted); resuming from the newest snapshot",
-			zap.Int32("partition", p), zap.Int64("snapshot_next", snap.Next), zap.String("snapshot", checkpoint.CommitMetadata(checkpoint.CommitNote{Snapshot: snap.ID(), IdleFlushAt: -1})))
+			zap.Int32("partition", p), zap.Int64("snapshot_next", snap.Next), zap.String("snapshot", checkpoint.CommitMetadata(checkpoint.CommitNote{Snapshot: snap.ID(), IdleFlushAt: -1, IdleFlushAhead: -1})))
 	} else if s.cfg.ExactlyOnce {
 		var stepBack, ok bool
 		snap, stepBack, ok = checkpoint.ForCommitted(loaded, committed, note.Snapshot, hasNote)

@@ -109,8 +109,14 @@ type worker struct {
 	// the idle timeout (-1: not known). Commits carry it, in both modes
 	// (checkpoint.CommitNote), for a warm-up to repeat.
 	idleFlushAt int64
-	dirty       bool
-	savedNext   int64
+	// flushAhead is a release the previous owner committed past the position
+	// this worker resumed from (-1: none; checkpoint.CommitNote.IdleFlushAhead):
+	// it happens here too when Next reaches it, before the record at that
+	// offset, so that the outputs are those the previous owner published.
+	// Until then commits carry it, for an owner after this one.
+	flushAhead int64
+	dirty      bool
+	savedNext  int64
 	// savedNote is the note of the last durable snapshot, for a commit of
 	// savedNext made later (catchUpCommit); nil before this worker saved one.
 	savedNote   *checkpoint.CommitNote
@@ -147,11 +153,15 @@ type worker struct {
 	recordsIn, features, lateApplied prometheus.Counter
 }
 
-func (s *Service) startWorker(p int32, proc *pipeline.Processor, txn *kgo.Client, epoch uint64, committed, idleFlushAt int64) *worker {
+// startWorker starts partition p's worker on proc, restored at proc.Next().
+// note is what the group's commit of committed recorded; its last idle
+// release is this worker's to repeat if the state restored is not past it
+// (repeatFlush).
+func (s *Service) startWorker(p int32, proc *pipeline.Processor, txn *kgo.Client, epoch uint64, committed int64, note checkpoint.CommitNote) *worker {
 	label := s.partitionLabel(p)
 	proc.SetOwnerEpoch(epoch)
 	w := &worker{
-		s: s, part: p, label: label, proc: proc, txn: txn, epoch: epoch, idleFlushAt: idleFlushAt, hwm: -1,
+		s: s, part: p, label: label, proc: proc, txn: txn, epoch: epoch, hwm: -1,
 		readTo: -1, idleCheck: make(chan idleAnswer, 1),
 		in:          make(chan batch, 4),
 		quit:        make(chan bool, 1),
@@ -171,6 +181,18 @@ func (s *Service) startWorker(p int32, proc *pipeline.Processor, txn *kgo.Client
 		w.tracker = w.newTracker(s.sinks[int(p)%len(s.sinks)])
 	}
 	w.emitFn = w.emit
+	w.idleFlushAt, w.flushAhead = note.IdleFlushAt, -1
+	if last := note.LastIdleFlush(); last >= proc.Next() {
+		// The state restored is at or before the last release (a snapshot
+		// cut before it, or a warm-up to a commit before it): repeated in
+		// run, at once or when Next reaches it.
+		w.flushAhead = last
+	} else if last >= 0 {
+		// A snapshot cut after it, which the state holds. (The release is
+		// committed before its outputs, so no later one can be missing
+		// from the note.)
+		w.idleFlushAt = last
+	}
 	w.progress.Store(time.Now().UnixNano())
 	s.mu.Lock()
 	s.workers[p] = w
@@ -213,6 +235,9 @@ func (w *worker) run() {
 	defer tick.Stop()
 	w.proc.StartServing(time.Now())
 	w.proc.AnnounceOwner(w.emitFn) // a re-keyed group's first stage: the new owner's epoch
+	if w.flushAhead == w.proc.Next() {
+		w.repeatFlush()
+	}
 	// Stagger the partitions' checkpoints across the interval: all of an
 	// instance's partitions start together, and checkpointing them at the same
 	// instant makes one big spike of encoding, checksumming and writing on a
@@ -271,7 +296,19 @@ func (w *worker) run() {
 				// outputs depend on it.
 				verdict := w.idleVerdict()
 				pending := w.proc.Pending()
-				if verdict {
+				if verdict && w.txn == nil && w.proc.WaitsForIdle() {
+					// The default mode: the release's position is committed
+					// first (commitFlushAhead), then its outputs published.
+					// Until it can be, nothing is released, and a re-keyed
+					// group's first stage does not declare its input idle
+					// either: its second stages would move on past the
+					// events it still holds.
+					if w.commitFlushAhead() {
+						w.proc.Flush(w.emitFn)
+					} else {
+						verdict = false
+					}
+				} else if verdict {
 					w.proc.Tick(w.emitFn)
 				}
 				if pending > 0 && w.proc.Pending() == 0 {
@@ -475,6 +512,9 @@ func (w *worker) process(b batch) {
 			Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
 			Key: r.Key, Value: r.Value, Arrival: arrival,
 		}, w.emitFn)
+		if w.flushAhead >= 0 && w.proc.Next() >= w.flushAhead {
+			w.repeatFlush() // where the previous owner's Next was when it released
+		}
 		in++
 		if i&readEvery == readEvery {
 			w.serveQueued() // reads wait for part of a large batch, not all of it (query.go)
@@ -833,6 +873,7 @@ func (w *worker) cut() *sweep {
 		next:  w.proc.Next(),
 		id:    checkpoint.ID{Epoch: w.epoch, Seq: w.seq},
 		flush: w.idleFlushAt,
+		ahead: w.flushAhead,
 		// Exactly-once: the transaction holds no record.
 		offsetsOnly: w.txn != nil && w.txnRecords == 0,
 		epoch:       w.tracker.Cut(), // at the snapshot: no output in between
@@ -857,6 +898,7 @@ type sweep struct {
 	next        int64
 	id          checkpoint.ID
 	flush       int64 // idleFlushAt at the cut
+	ahead       int64 // flushAhead at the cut: still to repeat, past next
 	offsetsOnly bool  // exactly-once: no record in the transaction
 	epoch       *sink.Epoch
 	start       time.Time
@@ -913,7 +955,7 @@ func (w *worker) completeSweep() {
 // worker is released (the partition lost or revoked) it stops before the save
 // and before the commit: an old owner must not move the group's offset.
 func (w *worker) persist(sw *sweep) bgResult {
-	res := bgResult{snap: sw.snap, next: sw.next, note: checkpoint.CommitNote{Snapshot: sw.id, IdleFlushAt: sw.flush}}
+	res := bgResult{snap: sw.snap, next: sw.next, note: checkpoint.CommitNote{Snapshot: sw.id, IdleFlushAt: sw.flush, IdleFlushAhead: sw.ahead}}
 	state, err := sw.snap.Finish()
 	if err != nil {
 		w.s.m.CheckpointErrors.Inc()
@@ -1131,6 +1173,73 @@ func (w *worker) deleteSegments(refs [][]byte) {
 		}
 	})
 }
+
+// repeatFlush releases the reorder buffer where the previous owner released
+// it on its idle timeout (flushAhead), as it did: everything pending, in
+// (event time, offset) order.
+func (w *worker) repeatFlush() {
+	at := w.flushAhead
+	pending := w.proc.Pending()
+	w.proc.Flush(w.emitFn)
+	w.idleFlushAt, w.flushAhead = at, -1
+	if pending > 0 { // else the state restored was cut after the release
+		w.s.log.Info("repeated the previous owner's idle release of the reorder buffer",
+			zap.Int32("partition", w.part), zap.Int64("at", at), zap.Int64("next", w.proc.Next()), zap.Int("events", pending))
+	}
+}
+
+// commitFlushAhead commits, in the default mode, that the partition releases
+// its reorder buffer on the idle timeout at Next, before the release: it
+// reports whether the commit went through, and only then may the caller
+// release. The outputs of the release are published at once and the next
+// checkpoint's commit covers them only later; an owner killed in between
+// would leave a next owner that resumes with those events pending, counts an
+// older event arriving after them before them, and publishes their outputs
+// again unlike the first time, with nothing in the outputs to show why. With
+// the note committed, the next owner releases at the same position (flushAhead)
+// and publishes the same outputs.
+//
+// Invariant: the committed note names the last release. So a release waits
+// for a checkpoint that covers the one before it (committed at or after it:
+// the note has one field for a release ahead of the offset) and for a
+// background checkpoint in progress (whose commit would replace this note with
+// its own, made before the release). The offset committed is the last durable
+// snapshot's, as a catch-up commit would.
+func (w *worker) commitFlushAhead() bool {
+	if w.bgBusy {
+		return false
+	}
+	if w.committed < 0 && w.savedNote == nil {
+		// Nothing committed, nor saved by this worker: savedNext is where
+		// it started, which may be the reset offset of an empty group, not
+		// an offset to commit. The first checkpoint commits one.
+		return false
+	}
+	next := max(w.committed, w.savedNext)
+	if w.idleFlushAt > next {
+		return false
+	}
+	note := checkpoint.CommitNote{IdleFlushAt: w.idleFlushAt, IdleFlushAhead: w.proc.Next()}
+	if w.savedNote != nil {
+		note.Snapshot = w.savedNote.Snapshot
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), flushCommitTimeout)
+	defer cancel()
+	if err := w.commit(ctx, next, &note); err != nil {
+		w.s.m.CommitErrors.Inc()
+		w.s.log.Warn("could not commit the idle release's position; the reorder buffer stays pending and the release is tried again",
+			zap.Int32("partition", w.part), zap.Int64("next", next), zap.Int64("release_at", note.IdleFlushAhead), zap.Error(err))
+		return false
+	}
+	w.committed, w.lastDurable = max(w.committed, next), time.Now()
+	return true
+}
+
+// flushCommitTimeout bounds the commit before an idle release, which the
+// partition goroutine waits for: the broker has just answered the idle
+// verdict's question, so a commit that takes longer is tried again at a later
+// tick rather than holding the partition's reads.
+const flushCommitTimeout = 5 * time.Second
 
 // commit commits next for the group (default mode), with note in the
 // offset's metadata when there is one: where the partition last released its
