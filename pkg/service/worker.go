@@ -111,8 +111,8 @@ type worker struct {
 	idleFlushAt int64
 	// flushAhead is a release the previous owner committed past the position
 	// this worker resumed from (-1: none; checkpoint.CommitNote.IdleFlushAhead):
-	// it happens here too when Next reaches it, before the record at that
-	// offset, so that the outputs are those the previous owner published.
+	// it happens here too as soon as Next reaches it (after the record before
+	// that offset), so that the outputs are those the previous owner published.
 	// Until then commits carry it, for an owner after this one.
 	flushAhead int64
 	dirty      bool
