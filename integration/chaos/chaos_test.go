@@ -899,7 +899,7 @@ func (r *run) idleKill(p phase, paused <-chan time.Time) error {
 		r.tl.logf("idle kill: the burst ended without its pause; nothing killed")
 		return nil
 	}
-	r.tl.logf("idle kill: the input paused; SIGKILL instance %d %s past the idle timeout", p.IdleKillSlot, p.IdleKillAfter)
+	r.tl.logf("idle kill: the input paused at %s; SIGKILL instance %d %s past the idle timeout", at.UTC().Format("15:04:05.000Z"), p.IdleKillSlot, p.IdleKillAfter)
 	time.Sleep(time.Until(at.Add(idleTimeout + p.IdleKillAfter)))
 	var killed []*instance
 	for _, g := range r.groups {
@@ -913,8 +913,10 @@ func (r *run) idleKill(p phase, paused <-chan time.Time) error {
 			killed = append(killed, in)
 		}
 	}
-	r.tl.logf("idle kill: SIGKILL %s (%s after the pause began, the idle release just out, its commit not yet), start again %s later",
-		names(killed), time.Since(at).Round(time.Millisecond), p.IdleKillDur)
+	// The instances' logs have wall-clock times: the moment, to the
+	// millisecond, to set beside their idle releases and checkpoints.
+	r.tl.logf("idle kill: SIGKILL %s at %s, %s after the pause began (meant to fall after the idle release, before its checkpoint), start again %s later",
+		names(killed), time.Now().UTC().Format("15:04:05.000Z"), time.Since(at).Round(time.Millisecond), p.IdleKillDur)
 	r.stopAll(syscall.SIGKILL, killed...)
 	time.Sleep(p.IdleKillDur)
 	for _, in := range killed {
