@@ -59,8 +59,9 @@ type phase struct {
 	// groups) IdleKillAfter past the pause's start + --idle-timeout, when the
 	// idle rule has just released the reorder buffers and their features
 	// records are out, but before the next checkpoint (--checkpoint-interval)
-	// commits the release's position, and start it again IdleKillDur later.
-	// The next owner resumes from the commit before the release, with the
+	// saves it in a snapshot and commits its position, and start it again
+	// IdleKillDur later. The next owner resumes from the checkpoint before
+	// the release (a snapshot, or a warm-up to the committed offset), with the
 	// released events pending again, and the rest of the burst (events older
 	// than some released ones) reaches it in one piece: it counts them in
 	// replay's order, unlike the first outputs, and no output shows an event
@@ -79,7 +80,7 @@ func (p phase) String() string {
 			fmt.Fprintf(&b, ", paused at +%s for %s", p.PauseAt, p.Pause)
 		}
 		if p.IdleKill {
-			fmt.Fprintf(&b, ", idle kill: SIGKILL instance %d %s past the pause's start + the idle timeout (after the idle release, before its commit), start it again %s later",
+			fmt.Fprintf(&b, ", idle kill: SIGKILL instance %d %s past the pause's start + the idle timeout (meant to fall after the idle release, before its checkpoint), start it again %s later",
 				p.IdleKillSlot, p.IdleKillAfter, p.IdleKillDur)
 		}
 	} else {
@@ -270,9 +271,10 @@ func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
 		// The idle verdict comes a tick or two (100 ms each) after the
 		// idle timeout from the last record (it waits for the broker's
 		// word that nothing is left to read), so the release is out some
-		// 100-300 ms past the pause's start + the idle timeout; the next
-		// checkpoint commits its position within --checkpoint-interval
-		// (1 s) of it, on each partition at its own moment. 150-850 ms
+		// 100-300 ms past the pause's start + the idle timeout (the runs
+		// show 150-250 ms); the next checkpoint saves and commits it within
+		// --checkpoint-interval (1 s) of it, on each partition at its own
+		// moment (a quiet partition saves nothing until then). 150-850 ms
 		// after: mostly in between, on some partition at least; and before
 		// the burst goes on (the pause outlasts the idle timeout by 500 ms
 		// at least), or the first owner would count the older events out
