@@ -472,7 +472,7 @@ func runChaos(t *testing.T, c *kafkatest.PrivateCluster, bin string, v variant, 
 	nodes := c.Nodes
 	store := v.store
 	rks := v.rekeyedGroups(t)
-	sched := makeSchedule(seed, env.duration, planTimes{session: sessionTimeout, idle: idleTimeout, pauses: len(rks) == 0,
+	sched := makeSchedule(seed, env.duration, planTimes{session: sessionTimeout, idle: idleTimeout, pauses: len(rks) == 0, idleKills: len(rks) == 0,
 		nodes: len(nodes), nodeSession: nodeSession, lateApply: len(rks) == 0, registry: true})
 	for i := range rks {
 		rks[i].out.wire = sched.Registry
@@ -845,9 +845,13 @@ func (r *run) phase(i int, p phase) {
 	r.tl.logf("phase %d: %s", i, p)
 	begin := time.Now()
 	done := make(chan error, 1)
+	var paused chan time.Time
+	if p.IdleKill {
+		paused = make(chan time.Time, 1)
+	}
 	go func() {
 		if p.Records > 0 {
-			done <- r.prod.burst(r.ctx, p.Records, p.Length, p.PauseAt, p.Pause)
+			done <- r.prod.burst(r.ctx, p.Records, p.Length, p.PauseAt, p.Pause, paused)
 			return
 		}
 		select {
@@ -856,6 +860,13 @@ func (r *run) phase(i int, p phase) {
 		}
 		done <- nil
 	}()
+	// The idle kill goes on beside the phase's fault, on another instance.
+	idleKilled := make(chan error, 1)
+	if p.IdleKill {
+		go func() { idleKilled <- r.idleKill(p, paused) }()
+	} else {
+		idleKilled <- nil
+	}
 	if p.Fault != faultNone {
 		time.Sleep(time.Until(begin.Add(p.At)))
 		r.fault(p)
@@ -865,7 +876,56 @@ func (r *run) phase(i int, p phase) {
 	if err := <-done; err != nil {
 		r.t.Fatalf("phase %d: produce the input: %v", i, err)
 	}
+	if err := <-idleKilled; err != nil {
+		r.t.Fatalf("phase %d: idle kill: %v", i, err)
+	}
+	if p.IdleKill {
+		r.faults[faultIdleKill]++
+		r.lastFault = time.Now()
+	}
 	r.supervise()
+}
+
+// idleKill does p's IdleKill: once the burst's input has paused (paused) for
+// --idle-timeout and IdleKillAfter more, when the partitions have released
+// their reorder buffers by the idle rule but the next checkpoint has not yet
+// committed the release, SIGKILL instance IdleKillSlot of both groups and
+// start it again IdleKillDur later. An instance not running then (it exited by
+// itself) or frozen is left alone. It runs on a goroutine of its own, beside
+// the phase's fault, so it reports an error rather than failing the test.
+func (r *run) idleKill(p phase, paused <-chan time.Time) error {
+	at, ok := <-paused
+	if !ok {
+		r.tl.logf("idle kill: the burst ended without its pause; nothing killed")
+		return nil
+	}
+	r.tl.logf("idle kill: the input paused at %s; SIGKILL instance %d %s past the idle timeout", at.UTC().Format("15:04:05.000Z"), p.IdleKillSlot, p.IdleKillAfter)
+	time.Sleep(time.Until(at.Add(idleTimeout + p.IdleKillAfter)))
+	var killed []*instance
+	for _, g := range r.groups {
+		in := g.inst[p.IdleKillSlot]
+		switch run, frozen := in.state(); {
+		case !run:
+			r.tl.logf("idle kill: %s is not running; left alone", in.name)
+		case frozen:
+			r.tl.logf("idle kill: %s is frozen; left alone", in.name)
+		default:
+			killed = append(killed, in)
+		}
+	}
+	// The instances' logs have wall-clock times: the moment, to the
+	// millisecond, to set beside their idle releases and checkpoints.
+	r.tl.logf("idle kill: SIGKILL %s at %s, %s after the pause began (meant to fall after the idle release, before its checkpoint), start again %s later",
+		names(killed), time.Now().UTC().Format("15:04:05.000Z"), time.Since(at).Round(time.Millisecond), p.IdleKillDur)
+	r.stopAll(syscall.SIGKILL, killed...)
+	time.Sleep(p.IdleKillDur)
+	for _, in := range killed {
+		r.tl.logf("start %s", in.name)
+		if err := in.start(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // fault does p's fault to both groups at once (and to the broker).
@@ -1110,7 +1170,7 @@ func (r *run) finale() {
 
 	const lastBurst = 1500
 	tl.logf("last burst: %d records over 1.5s", lastBurst)
-	r.must(r.prod.burst(r.ctx, lastBurst, 1500*time.Millisecond, 0, 0))
+	r.must(r.prod.burst(r.ctx, lastBurst, 1500*time.Millisecond, 0, 0, nil))
 	quiet := time.Now()
 	ends = r.inputEnds(adm)
 	tl.logf("input quiet: %d records in all", total(ends))

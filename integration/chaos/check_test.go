@@ -242,9 +242,27 @@ func history(k srcKey, in verdictInput, outs map[srcKey][]output) string {
 		}
 	}
 	keys = keys[max(0, len(keys)-20):]
+	// And the first 5 after k in the input but not after it in event time:
+	// events within the lateness, which replay counts before k if they arrive
+	// while k is pending, and under --late=apply late events, which it counts
+	// at once. What a crash after an idle release and before its commit
+	// shows: the next owner counts them before k too, the first did not.
+	var later []srcKey
+	for off := k.offset + 1; off < in.ends[k.part] && len(later) < 5; off++ {
+		o := srcKey{k.part, off}
+		if rs := in.replay[o]; len(rs) != 1 || rs[0].dead {
+			continue
+		}
+		if e, ok := in.txs[genID(in.gen[o])]; ok && e.entity == tx.entity && e.time <= tx.time && e.time >= tx.time-60_000 {
+			later = append(later, o)
+		}
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n    entity %q at input %d/%d (event time %d): its accepted events in the minute before, and their outputs:", tx.entity, k.part, k.offset, tx.time)
-	for _, o := range keys {
+	for i, o := range append(keys, later...) {
+		if i == len(keys) {
+			fmt.Fprintf(&b, "\n      and after it in the input, before it in event time:")
+		}
 		e := in.txs[genID(in.gen[o])]
 		fmt.Fprintf(&b, "\n      %d/%d %q, event time %+d ms: replay %s", o.part, o.offset, in.gen[o], e.time-tx.time, outputSummary(in.replay[o][0], in.codec))
 		for _, x := range outs[o] {

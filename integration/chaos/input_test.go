@@ -268,8 +268,13 @@ type producer struct {
 // burst produces n records spread evenly over d, in batches every 50 ms, and
 // returns when all are acknowledged. A broker outage stretches it, and so does
 // a pause: after pauseAt of the burst's time (if pause > 0) it stops for pause,
-// then goes on from the same clocks.
-func (pr *producer) burst(ctx context.Context, n int, d, pauseAt, pause time.Duration) error {
+// then goes on from the same clocks. paused, if not nil, gets the moment the
+// pause begins (the input has stopped: the last batch before it is
+// acknowledged), and is closed when the burst returns.
+func (pr *producer) burst(ctx context.Context, n int, d, pauseAt, pause time.Duration, paused chan<- time.Time) error {
+	if paused != nil {
+		defer close(paused)
+	}
 	pr.gen.align()
 	const tick = 50 * time.Millisecond
 	steps := max(1, int(d/tick))
@@ -277,6 +282,9 @@ func (pr *producer) burst(ctx context.Context, n int, d, pauseAt, pause time.Dur
 	done := 0
 	for s := 1; s <= steps; s++ {
 		if pause > 0 && time.Duration(s)*tick > pauseAt {
+			if paused != nil {
+				paused <- time.Now() // buffered: its one value
+			}
 			select {
 			case <-time.After(pause):
 			case <-ctx.Done():

@@ -26,10 +26,13 @@ const (
 	faultRolling              // a cluster only: from At, stop and restart every node in turn, Nodes first, each once the others are in sync
 	faultNetCut               // cut instance Slot's network path to the brokers (of a cluster: to the Nodes only, if any) at At, heal it Dur later (Dur > --session-timeout); its API stays reachable
 	faultRegistry             // a registry run only: take the schema registry down at At for Dur, and SIGKILL instance Slot 500 ms into it and start it again at once
+	// faultIdleKill is never a phase's Fault: it names, in the run's fault
+	// counts, a paused burst's IdleKill, which comes on top of its fault.
+	faultIdleKill
 )
 
 func (k faultKind) String() string {
-	return [...]string{"none", "sigkill", "sigstop", "scale-up", "scale-down", "broker-restart", "graceful-restart", "node-freeze", "rolling-restart", "net-cut", "registry-outage"}[k]
+	return [...]string{"none", "sigkill", "sigstop", "scale-up", "scale-down", "broker-restart", "graceful-restart", "node-freeze", "rolling-restart", "net-cut", "registry-outage", "idle-kill"}[k]
 }
 
 // phase is one step of a schedule: a burst of input (Records > 0) or a quiet
@@ -52,6 +55,21 @@ type phase struct {
 	// idle rule, and the rest of the burst brings events older than some of
 	// the released ones (idle_test.go).
 	PauseAt, Pause time.Duration
+	// IdleKill, in a paused burst: SIGKILL instance IdleKillSlot (of both
+	// groups) IdleKillAfter past the pause's start + --idle-timeout, when the
+	// idle rule has just released the reorder buffers and their features
+	// records are out, but before the next checkpoint (--checkpoint-interval)
+	// saves it in a snapshot and commits its position, and start it again
+	// IdleKillDur later. The next owner resumes from the checkpoint before
+	// the release (a snapshot, or a warm-up to the committed offset), with the
+	// released events pending again, and the rest of the burst (events older
+	// than some released ones) reaches it in one piece: it counts them in
+	// replay's order, unlike the first outputs, and no output shows an event
+	// counted out of order. The kill comes on top of the phase's Fault, on
+	// another instance than that fault's, and before the burst goes on.
+	IdleKill                   bool
+	IdleKillSlot               int
+	IdleKillAfter, IdleKillDur time.Duration
 }
 
 func (p phase) String() string {
@@ -60,6 +78,10 @@ func (p phase) String() string {
 		fmt.Fprintf(&b, "burst of %d records over %s", p.Records, p.Length)
 		if p.Pause > 0 {
 			fmt.Fprintf(&b, ", paused at +%s for %s", p.PauseAt, p.Pause)
+		}
+		if p.IdleKill {
+			fmt.Fprintf(&b, ", idle kill: SIGKILL instance %d %s past the pause's start + the idle timeout (meant to fall after the idle release, before its checkpoint), start it again %s later",
+				p.IdleKillSlot, p.IdleKillAfter, p.IdleKillDur)
 		}
 	} else {
 		fmt.Fprintf(&b, "quiet for %s", p.Length)
@@ -156,6 +178,11 @@ type planTimes struct {
 	// nearly every run, which their topic checks do not bound
 	// (docs/fault-checker.md).
 	pauses bool
+	// idleKills: some of the paused bursts also SIGKILL an instance just
+	// after the idle release, before its commit (phase.IdleKill). With
+	// pauses only; their draws come from a source of their own, so that the
+	// rest of a seed's schedule, its pauses included, is the same without.
+	idleKills bool
 	// nodes > 1: the broker is a cluster of that many nodes (replication
 	// factor 3, min.insync.replicas 2), whose session with the controller is
 	// nodeSession. A broker restart kills one node, or in one round in three
@@ -212,6 +239,52 @@ func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
 		return p
 	}
 	quiet := func() phase { return phase{Length: pt.idle + ms(300, 1500)} }
+	// The idle kills draw from a source of their own as well: a seed's
+	// schedule, its pauses included, is the one it was before them.
+	krng := rand.New(rand.NewPCG(seed, 0x69646c656b696c6c))
+	// idleKill gives half of the paused bursts a kill after the idle release
+	// (phase.IdleKill) of one of the running instances that p's own fault
+	// leaves alone: not the one it kills, freezes or cuts off, and, when it
+	// scales the group up or down, instance 0 (the one running throughout).
+	// running is the number of instances when p begins.
+	idleKill := func(p *phase, running int) {
+		if !pt.idleKills || p.Pause == 0 || krng.IntN(2) != 0 {
+			return
+		}
+		var slots []int
+		for i := range running {
+			switch p.Fault {
+			case faultScaleUp, faultScaleDown:
+				if i > 0 {
+					continue
+				}
+			case faultKill, faultFreeze, faultNetCut, faultRegistry:
+				if i == p.Slot {
+					continue
+				}
+			}
+			slots = append(slots, i)
+		}
+		if len(slots) == 0 {
+			return // p's fault takes the only instance running: about one in five
+		}
+		// The idle verdict comes a tick or two (100 ms each) after the
+		// idle timeout from the last record (it waits for the broker's
+		// word that nothing is left to read), so the release is out some
+		// 100-300 ms past the pause's start + the idle timeout (the runs
+		// show 150-250 ms); the next checkpoint saves and commits it within
+		// --checkpoint-interval (1 s) of it, on each partition at its own
+		// moment (a quiet partition saves nothing until then). 150-850 ms
+		// after: mostly in between, on some partition at least; and before
+		// the burst goes on (the pause outlasts the idle timeout by 500 ms
+		// at least), or the first owner would count the older events out
+		// of order itself, in outputs that show it.
+		hi := min(850*time.Millisecond, p.Pause-pt.idle-100*time.Millisecond)
+		p.IdleKill = true
+		p.IdleKillSlot = slots[krng.IntN(len(slots))]
+		p.IdleKillAfter = 150*time.Millisecond + time.Duration(krng.Int64N(int64(hi-150*time.Millisecond)/1e6+1))*time.Millisecond
+		p.IdleKillDur = time.Duration(krng.IntN(1501)) * time.Millisecond
+	}
 	running := 1
 	pick := func() int { return rng.IntN(running) }
 	for round := 0; round == 0 || s.length() < minLength; round++ {
@@ -253,9 +326,12 @@ func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
 				if rng.IntN(3) == 0 {
 					s.Phases = append(s.Phases, quiet())
 				} else {
-					s.Phases = append(s.Phases, burst())
+					b := burst()
+					idleKill(&b, running)
+					s.Phases = append(s.Phases, b)
 				}
 			}
+			before := running
 			var p phase
 			if ev == faultGraceful || rng.IntN(10) < 3 {
 				p = quiet()
@@ -321,6 +397,7 @@ func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
 				p.At = ms(0, int(p.Length.Milliseconds()))
 				running = 1
 			}
+			idleKill(&p, before)
 			s.Phases = append(s.Phases, p)
 		}
 	}
@@ -428,15 +505,23 @@ func TestChaosSchedule(t *testing.T) {
 		}
 	}
 	// Pauses: inside their bursts, past the idle timeout, in about one burst
-	// in three, and nothing else of the schedule changes with them.
-	pp := pt
-	pp.pauses = true
-	bursts, paused := 0, 0
+	// in three, and nothing else of the schedule changes with them. Idle
+	// kills: in about two paused bursts in five (half, less those whose own
+	// fault takes the only instance running) and in no other phase, of a
+	// running instance that the phase's own fault leaves alone, 150-850 ms
+	// past the pause's start + the idle timeout and before the burst goes
+	// on, restarted within 1.5 s.
+	pauseOnly := pt
+	pauseOnly.pauses = true
+	pp := pauseOnly
+	pp.idleKills = true
+	bursts, paused, idleKills := 0, 0, 0
 	for seed := uint64(1); seed <= 200; seed++ {
 		a, b := makeSchedule(seed, 3*time.Minute, pp), makeSchedule(seed, 3*time.Minute, pt)
 		if len(a.Phases) != len(b.Phases) {
 			t.Fatalf("seed %d: %d phases with pauses, %d without", seed, len(a.Phases), len(b.Phases))
 		}
+		running := 1
 		for i, p := range a.Phases {
 			if p.Records > 0 {
 				bursts++
@@ -447,14 +532,58 @@ func TestChaosSchedule(t *testing.T) {
 					t.Fatalf("seed %d phase %d: %s: want a pause inside a burst, past the idle timeout %s", seed, i, p, pt.idle)
 				}
 			}
+			if p.IdleKill {
+				idleKills++
+				if p.Pause == 0 {
+					t.Fatalf("seed %d phase %d: %s: an idle kill without a pause", seed, i, p)
+				}
+				if p.IdleKillAfter < 150*time.Millisecond || p.IdleKillAfter > 850*time.Millisecond || pt.idle+p.IdleKillAfter >= p.Pause ||
+					p.IdleKillDur < 0 || p.IdleKillDur > 1500*time.Millisecond {
+					t.Fatalf("seed %d phase %d: %s: want the kill 150-850 ms past the idle timeout, before the burst goes on, restarted within 1.5 s", seed, i, p)
+				}
+				if p.IdleKillSlot < 0 || p.IdleKillSlot >= running {
+					t.Fatalf("seed %d phase %d: %s: idle kill of instance %d with %d running", seed, i, p, p.IdleKillSlot, running)
+				}
+				switch p.Fault {
+				case faultScaleUp, faultScaleDown:
+					if p.IdleKillSlot != 0 {
+						t.Fatalf("seed %d phase %d: %s: an idle kill of instance %d while the group scales", seed, i, p, p.IdleKillSlot)
+					}
+				case faultKill, faultFreeze, faultNetCut, faultRegistry:
+					if p.IdleKillSlot == p.Slot {
+						t.Fatalf("seed %d phase %d: %s: an idle kill of the instance of the phase's own fault", seed, i, p)
+					}
+				}
+			}
+			switch p.Fault {
+			case faultScaleUp:
+				running = 3
+			case faultScaleDown:
+				running = 1
+			}
 			p.PauseAt, p.Pause = 0, 0
+			p.IdleKill, p.IdleKillSlot, p.IdleKillAfter, p.IdleKillDur = false, 0, 0, 0
 			if p != b.Phases[i] {
 				t.Fatalf("seed %d phase %d: %s with pauses, %s without", seed, i, p, b.Phases[i])
 			}
 		}
+		// Without idle kills, the same schedule but for them.
+		c := makeSchedule(seed, 3*time.Minute, pauseOnly)
+		for i, p := range a.Phases {
+			p.IdleKill, p.IdleKillSlot, p.IdleKillAfter, p.IdleKillDur = false, 0, 0, 0
+			if p != c.Phases[i] {
+				t.Fatalf("seed %d phase %d: %s with idle kills, %s without", seed, i, a.Phases[i], c.Phases[i])
+			}
+		}
+		if slices.ContainsFunc(b.Phases, func(p phase) bool { return p.IdleKill }) || slices.ContainsFunc(c.Phases, func(p phase) bool { return p.IdleKill }) {
+			t.Fatalf("seed %d: an idle kill in a schedule without them", seed)
+		}
 	}
 	if paused*5 < bursts || paused*2 > bursts {
 		t.Errorf("%d of %d bursts paused, want about a third", paused, bursts)
+	}
+	if idleKills*4 < paused || idleKills*3 > paused*2 {
+		t.Errorf("%d of %d paused bursts with an idle kill, want about half", idleKills, paused)
 	}
 	// A cluster: every round freezes one node past its session with the
 	// controller, every broker restart kills one or two existing nodes (two in
@@ -572,4 +701,5 @@ func TestChaosSchedule(t *testing.T) {
 	one := makeSchedule(1, 0, pt)
 	t.Logf("a one-round schedule plans %s:\n%s", one.length(), one)
 	t.Logf("a one-round schedule on a cluster of 3:\n%s", makeSchedule(1, 0, cp))
+	t.Logf("a one-round schedule with pauses and idle kills:\n%s", makeSchedule(4, 0, pp))
 }

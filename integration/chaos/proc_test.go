@@ -112,6 +112,14 @@ func (in *instance) running() bool {
 	return in.cmd != nil
 }
 
+// state reports whether a process of the instance is running, and whether
+// it is frozen (SIGSTOP).
+func (in *instance) state() (running, frozen bool) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.cmd != nil, in.cmd != nil && in.frozen
+}
+
 // signal sends sig to the running process, if any, without waiting.
 func (in *instance) signal(sig syscall.Signal) bool {
 	in.mu.Lock()
