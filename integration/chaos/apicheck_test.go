@@ -217,14 +217,15 @@ func floorDiv(a, b int64) int64 {
 // state is a partition's state as an answer at (last_offset, pending) must see
 // it.
 type state struct {
-	accepted   int   // accepted events at offsets ≤ last_offset
-	candidates []int // those that may be pending: event time above the watermark, newest offset first
-	pending    []int // the pending ones (indices into acc)
-	counted    []int // the entity's counted events (indices into acc), in offset order
-	asOf       int64 // the default as_of
-	from, to   int64 // at_range
-	wm         int64 // the watermark (maxSeen − lateness); valid when accepted > 0
-	lastSweep  int64 // 0: none
+	accepted   int     // accepted events at offsets ≤ last_offset
+	candidates []int   // those that may be pending: event time above the watermark, newest offset first
+	pending    []int   // the pending ones (indices into acc)
+	counted    []int   // the entity's counted events (indices into acc), in offset order
+	countedOff []int64 // their input offsets
+	asOf       int64   // the default as_of
+	from, to   int64   // at_range
+	wm         int64   // the watermark (maxSeen − lateness); valid when accepted > 0
+	lastSweep  int64   // 0: none
 	// fromUnknown: the last sweep is not known (a re-keyed group's outputs
 	// disagree on how an event was counted), and at_range.from is not judged.
 	fromUnknown bool
@@ -312,6 +313,7 @@ func (m *apiModel) at(p int32, last int64, pending int, entity string) (state, e
 		}
 		if !isPending(i) {
 			s.counted = append(s.counted, i)
+			s.countedOff = append(s.countedOff, pm.acc[i].off)
 			s.entityEvs = append(s.entityEvs, pm.acc[i].tx)
 		}
 	}
@@ -408,11 +410,12 @@ type apiStats struct {
 	windowed                                                  int // velocity lookups with ?window= answered 200
 	batches                                                   int // batches answered 200 (their results are counted as answers too)
 	previews                                                  int // previews answered 200
+	withoutDropped                                            int // answers that are the input's without events dead-lettered late after an idle release (judgeEnv.dropped)
 }
 
 func (s apiStats) String() string {
-	return fmt.Sprintf("%d requests: %d answered 200 (%d of them re-keyed groups', and %d of those not judged; %d transaction calls and %d batches, whose entries count as answers; %d ?at= reads answered 200 and %d 422; %d ?window= lookups and %d previews answered 200), %d 503, %d other statuses, %d without an answer (refused, timed out, reset); %d 200s had a committed offset before them; %d sampled distinct estimates not judged; %d ticks skipped (too many in flight)",
-		s.sent, s.ok, s.groups+s.unjudged, s.unjudged, s.txns, s.batches, s.ats, s.outOfRange, s.windowed, s.previews, s.unavailable, s.other, s.transport, s.floored, s.estimates, s.skipped)
+	return fmt.Sprintf("%d requests: %d answered 200 (%d of them re-keyed groups', and %d of those not judged; %d transaction calls and %d batches, whose entries count as answers; %d ?at= reads answered 200 and %d 422; %d ?window= lookups and %d previews answered 200), %d 503, %d other statuses, %d without an answer (refused, timed out, reset); %d 200s had a committed offset before them; %d sampled distinct estimates not judged; %d ticks skipped (too many in flight); %d answers the input's without events dead-lettered late after an idle release",
+		s.sent, s.ok, s.groups+s.unjudged, s.unjudged, s.txns, s.batches, s.ats, s.outOfRange, s.windowed, s.previews, s.unavailable, s.other, s.transport, s.floored, s.estimates, s.skipped, s.withoutDropped)
 }
 
 // judgeEnv is what answers are judged by besides the input partitions' model:
@@ -425,7 +428,16 @@ type judgeEnv struct {
 	// reordered are, by input partition, the entities an idle release made
 	// count out of order (idle_test.go): their apply order is not the model's.
 	reordered map[int32]map[string]bool
-	rel       func(time.Time) string
+	// dropped are, by input partition, the offsets of the events this group's
+	// outputs dead-lettered `late` where replay counted them: an idle release
+	// moved the entity's newest event so far that the event's bucket had left
+	// a window (contract.md, the idle rule, bounded), and its entity's windows
+	// lack it for as long as they would hold its bucket. An instance that
+	// counted it before a crash, and one that restored that state, has it.
+	// withoutDropped judges a state without them (judge).
+	dropped        map[int32]map[int64]bool
+	withoutDropped bool
+	rel            func(time.Time) string
 }
 
 // view is one state model as judge reads it: the input partitions' (velocity,
@@ -460,6 +472,25 @@ func (m *apiModel) view() *view {
 // committed offsets; the invariants are written above the code that checks
 // them.
 func (m *apiModel) judge(req *apiRequest, env *judgeEnv, st *apiStats) []answerVerdict {
+	out := m.judgeOnce(req, env, st)
+	if len(out) == 0 || len(env.dropped) == 0 || env.withoutDropped {
+		return out
+	}
+	// A state may lack the events the group's outputs dead-lettered late
+	// after an idle release (judgeEnv.dropped): the answer is judged again
+	// by the model without them, and either is the input's.
+	alt := *env
+	alt.withoutDropped = true
+	scratch := *st // counted once, by the first judgment
+	if again := m.judgeOnce(req, &alt, &scratch); len(again) == 0 {
+		st.withoutDropped++
+		return nil
+	}
+	return out
+}
+
+// judgeOnce is judge by one model of the counted events.
+func (m *apiModel) judgeOnce(req *apiRequest, env *judgeEnv, st *apiStats) []answerVerdict {
 	if req.err != "" {
 		// No answer: a killed instance refuses, a frozen one times out, a stopping
 		// one resets. Nothing to judge.
@@ -746,6 +777,17 @@ func placed(v *view, env *judgeEnv, floorsOf string, req *apiRequest, entity str
 	if err != nil {
 		return s, append(out, answerVerdict{"wrong pending", err.Error()}), false
 	}
+	if env.withoutDropped && floorsOf == "" {
+		var counted []int
+		var offs []int64
+		var evs []genTx
+		for i, off := range s.countedOff {
+			if !env.dropped[p][off] {
+				counted, offs, evs = append(counted, s.counted[i]), append(offs, off), append(evs, s.entityEvs[i])
+			}
+		}
+		s.counted, s.countedOff, s.entityEvs = counted, offs, evs
+	}
 	return s, out, true
 }
 
@@ -1004,4 +1046,29 @@ func (m *apiModel) checkAnswers(reqs []*apiRequest, env *judgeEnv, st *apiStats)
 		fails = append(fails, fmt.Sprintf("query API: %s: %d of %d answers; first:%s", k, b.n, len(reqs), strings.Join(b.examples, "")))
 	}
 	return fails
+}
+
+// lateOnlyLive lists, by input partition, the offsets that some output of the
+// group (at any checkpoint) dead-letters `late` while replay counts them
+// (judgeEnv.dropped). Nothing without replay's outputs.
+func lateOnlyLive(replay map[srcKey][]output, cps []checkpoint) map[int32]map[int64]bool {
+	dropped := map[int32]map[int64]bool{}
+	if replay == nil {
+		return dropped
+	}
+	for _, cp := range cps {
+		for k, outs := range cp.outs {
+			if ref := replay[k]; len(ref) != 1 || ref[0].dead {
+				continue
+			}
+			if !slices.ContainsFunc(outs, func(o output) bool { return o.dead && o.reason == "late" }) {
+				continue
+			}
+			if dropped[k.part] == nil {
+				dropped[k.part] = map[int64]bool{}
+			}
+			dropped[k.part][k.offset] = true
+		}
+	}
+	return dropped
 }

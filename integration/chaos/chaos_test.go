@@ -684,7 +684,8 @@ func runChaos(t *testing.T, c *kafkatest.PrivateCluster, bin string, v variant, 
 		case modelErr != nil:
 			fails = append(fails, fmt.Sprintf("query API: no answer judged: %v", modelErr))
 		case model != nil:
-			je := &judgeEnv{floors: map[string]*commitTimeline{"": g.commits}, rel: tl.at, reordered: reordered}
+			je := &judgeEnv{floors: map[string]*commitTimeline{"": g.commits}, rel: tl.at, reordered: reordered,
+				dropped: lateOnlyLive(vin.replay, g.cps)}
 			for name, c := range g.groupCommits {
 				je.floors[name] = c
 			}
