@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -631,4 +632,61 @@ func TestIdleReleaseIsDurableBeforeItsOutputs(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestIdleReleaseWaitsForItsCommit: while the group refuses the commit that
+// records where the idle release will be, the default mode releases nothing:
+// an output published before that commit is durable is what a crash would
+// leave unexplained (TestIdleReleaseIsDurableBeforeItsOutputs). Once the
+// commit goes through, the release follows.
+func TestIdleReleaseWaitsForItsCommit(t *testing.T) {
+	c := newFakeCluster(t, 1)
+	brokers := c.ListenAddrs()
+	var refuse atomic.Bool
+	refuse.Store(true)
+	var refused atomic.Int32
+	c.ControlKey(int16(kmsg.OffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		creq := req.(*kmsg.OffsetCommitRequest)
+		ahead := false
+		for _, rt := range creq.Topics {
+			for _, rp := range rt.Partitions {
+				ahead = ahead || rp.Metadata != nil && strings.Contains(*rp.Metadata, ";idle-flush-ahead=")
+			}
+		}
+		if !ahead || !refuse.Load() {
+			return nil, nil, false
+		}
+		refused.Add(1)
+		resp := creq.ResponseKind().(*kmsg.OffsetCommitResponse)
+		for _, rt := range creq.Topics {
+			st := kmsg.NewOffsetCommitResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewOffsetCommitResponseTopicPartition()
+				// Not retriable: franz-go returns it at once, and every
+				// attempt is one refusal.
+				sp.Partition, sp.ErrorCode = rp.Partition, kerr.OffsetMetadataTooLarge.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	cfg := testConfig(t, brokers, checkpoint.NewMemoryStore())
+	cfg.Watermark = watermark.Config{AllowedLateness: 5000, IdleTimeout: 300 * time.Millisecond}
+	var published atomic.Int32
+	cfg.Observe = func(*pipeline.Output) { published.Add(1) }
+	produce(t, brokers, []*kgo.Record{cardRecord("a", idleBase+10_000), cardRecord("b", idleBase+10_500)})
+	startService(t, cfg)
+	waitFor(t, "a refused commit of the release's position", 30*time.Second, func() bool { return refused.Load() >= 1 })
+	time.Sleep(3 * cfg.Watermark.IdleTimeout) // an attempt's outputs would be out by now
+	if n := published.Load(); n != 0 {
+		t.Fatalf("%d outputs published while the release's position could not be committed, want none", n)
+	}
+	if n := refused.Load(); n < 2 {
+		t.Errorf("%d attempts to commit the release's position, want it tried again", n)
+	}
+	refuse.Store(false)
+	readOutputs(t, brokers, 2, 30*time.Second)
 }

@@ -141,6 +141,7 @@ type worker struct {
 	lastDedupeCap uint64
 	dedupeWarned  time.Time
 	keyWarned     time.Time // last key-mismatch warning (at most one per keyWarnEvery)
+	flushWarned   time.Time // last warning of a failed commit before an idle release (likewise)
 
 	// released is set once the partition is no longer this worker's (it
 	// returned, or was told to leave without a checkpoint): a background
@@ -1227,8 +1228,11 @@ func (w *worker) commitFlushAhead() bool {
 	defer cancel()
 	if err := w.commit(ctx, next, &note); err != nil {
 		w.s.m.CommitErrors.Inc()
-		w.s.log.Warn("could not commit the idle release's position; the reorder buffer stays pending and the release is tried again",
-			zap.Int32("partition", w.part), zap.Int64("next", next), zap.Int64("release_at", note.IdleFlushAhead), zap.Error(err))
+		if time.Since(w.flushWarned) >= keyWarnEvery { // tried again at every tick
+			w.flushWarned = time.Now()
+			w.s.log.Warn("could not commit the idle release's position; the reorder buffer stays pending and the release is tried again",
+				zap.Int32("partition", w.part), zap.Int64("next", next), zap.Int64("release_at", note.IdleFlushAhead), zap.Error(err))
+		}
 		return false
 	}
 	w.committed, w.lastDurable = max(w.committed, next), time.Now()
