@@ -58,12 +58,16 @@ test-unit:
 
 # The broker gets a free port and a state directory of its own, so that this target can
 # run while a development broker (or another checkout's `make test`) is up. The trap stops
-# the broker and removes its state however the tests end.
+# the broker and removes its state however the tests end. The ports are below the
+# kernel's ephemeral range (32768 and up on Linux): a port of that range can be the local
+# end of any client's outgoing connection, which a connect test does not see and the
+# broker's bind then fails on (a controller port taken so, on a machine busy with other
+# Kafka clients, stopped a run before its first test).
 test-integration:
 	state="$$(mktemp -d -t velocity-kafka.XXXXXX)"; \
 	port=""; \
 	for _ in $$(seq 50); do \
-		p=$$((20000 + RANDOM % 20000)); \
+		p=$$((20000 + RANDOM % 12000)); \
 		if ! (exec 3<>"/dev/tcp/127.0.0.1/$$p") 2>/dev/null && \
 		   ! (exec 3<>"/dev/tcp/127.0.0.1/$$((p + 1)))") 2>/dev/null; then port=$$p; break; fi; \
 	done; \
