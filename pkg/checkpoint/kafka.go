@@ -420,7 +420,7 @@ func (s *KafkaStore) Claim(ctx context.Context, key Key, tiebreak uint32) (uint6
 	if !st.found {
 		claim = manifest{Epoch: claim.Epoch}
 	}
-	if err := s.cl.ProduceSync(ctx, &kgo.Record{Topic: s.topic, Partition: manifestPartition, Key: manifestKey(key), Value: claim.encode()}).FirstErr(); err != nil {
+	if err := s.produceSync(ctx, &kgo.Record{Topic: s.topic, Partition: manifestPartition, Key: manifestKey(key), Value: claim.encode()}).FirstErr(); err != nil {
 		return 0, fmt.Errorf("claim %s: produce to %s: %w", key, s.topic, s.explain(err))
 	}
 	return claim.Epoch, nil
@@ -459,7 +459,7 @@ func (s *KafkaStore) Save(ctx context.Context, key Key, snap Snapshot) error {
 	}
 	// The invariant above: every chunk is acknowledged before this manifest
 	// is produced.
-	if err := s.cl.ProduceSync(ctx, &kgo.Record{Topic: s.topic, Partition: manifestPartition, Key: manifestKey(key), Value: m.encode()}).FirstErr(); err != nil {
+	if err := s.produceSync(ctx, &kgo.Record{Topic: s.topic, Partition: manifestPartition, Key: manifestKey(key), Value: m.encode()}).FirstErr(); err != nil {
 		return fmt.Errorf("save snapshot %s: produce manifest to %s: %w", key, s.topic, s.explain(err))
 	}
 	after, err := s.refresh(ctx, key)
@@ -501,7 +501,7 @@ func (s *KafkaStore) produceChunks(ctx context.Context, key Key, snap Snapshot, 
 		hi := min(lo+s.chunkSize, len(frame))
 		recs = append(recs, &kgo.Record{Topic: s.topic, Partition: e.Partition, Key: chunkKey(key, e, i), Value: frame[lo:hi]})
 	}
-	res := s.cl.ProduceSync(ctx, recs...)
+	res := s.produceSync(ctx, recs...)
 	if err := res.FirstErr(); err != nil {
 		return entry{}, fmt.Errorf("produce chunks to %s: %w", s.topic, s.explain(err))
 	}
@@ -514,13 +514,47 @@ func (s *KafkaStore) produceChunks(ctx context.Context, key Key, snap Snapshot, 
 	return e, nil
 }
 
+// produceSync is the client's ProduceSync, again (up to cancelRetries times)
+// when the records failed with a context's error while ctx is alive. franz-go
+// fails every record buffered in a partition behind one whose context was
+// cancelled before it was sent, with that context's error: a store shared by
+// several services (the input's and the re-keyed groups' in one process)
+// writes their claims and manifests to one partition, and a takeover that a
+// rebalance cancelled failed another service's claim with "context
+// canceled", which stopped that service. Producing the same records again is
+// safe here: claims, manifests and index records are read by key and epoch,
+// and the chunks of one attempt are found by the offsets of that attempt.
+func (s *KafkaStore) produceSync(ctx context.Context, recs ...*kgo.Record) kgo.ProduceResults {
+	return produceRetrying(ctx, s.cl.ProduceSync, recs...)
+}
+
+// cancelRetries bounds produceSync's attempts after other callers'
+// cancellations.
+const cancelRetries = 5
+
+func produceRetrying(ctx context.Context, produce func(context.Context, ...*kgo.Record) kgo.ProduceResults, recs ...*kgo.Record) kgo.ProduceResults {
+	for attempt := 1; ; attempt++ {
+		res := produce(ctx, recs...)
+		err := res.FirstErr()
+		if err == nil || ctx.Err() != nil || attempt > cancelRetries ||
+			!errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+			return res
+		}
+		for _, r := range recs {
+			// A fresh record each time: franz-go owns a record until its
+			// promise has run, and sets its fields.
+			*r = kgo.Record{Topic: r.Topic, Partition: r.Partition, Key: r.Key, Value: r.Value}
+		}
+	}
+}
+
 // tombstone deletes the chunks of e so that compaction reclaims them.
 func (s *KafkaStore) tombstone(ctx context.Context, key Key, e entry) error {
 	tomb := make([]*kgo.Record, 0, e.Chunks)
 	for i := uint32(0); i < e.Chunks; i++ {
 		tomb = append(tomb, &kgo.Record{Topic: s.topic, Partition: e.Partition, Key: chunkKey(key, e, i)})
 	}
-	return s.cl.ProduceSync(ctx, tomb...).FirstErr()
+	return s.produceSync(ctx, tomb...).FirstErr()
 }
 
 func randomNonce() uint64 {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -453,5 +454,62 @@ func TestNewKafkaStoreRidesOutABrokerRestart(t *testing.T) {
 	}
 	if err := s.Save(context.Background(), Key{Group: "g", Topic: "t", Partition: 0}, Snapshot{Next: 1, State: []byte("state")}); err != nil {
 		t.Fatalf("save after the topic was created: %v", err)
+	}
+}
+
+// TestProduceRetryingAfterAnotherCancellation: records that failed with a
+// context's error while the caller's context is alive failed for another
+// caller's cancellation (franz-go fails the records buffered behind a
+// cancelled one with its error) and are produced again; a failure for the
+// caller's own context, or any other error, is returned as it is, and the
+// retries are bounded.
+func TestProduceRetryingAfterAnotherCancellation(t *testing.T) {
+	other := errors.New("NOT_LEADER_FOR_PARTITION")
+	for _, tc := range []struct {
+		name      string
+		fails     []error // the error of each attempt, then success
+		cancelled bool    // the caller's own context is cancelled
+		wantCalls int
+		wantErr   error
+	}{
+		{"no error", nil, false, 1, nil},
+		{"another caller's cancellation, then success", []error{context.Canceled}, false, 2, nil},
+		{"another caller's deadline twice, then success", []error{context.DeadlineExceeded, context.DeadlineExceeded}, false, 3, nil},
+		{"our own cancellation", []error{context.Canceled}, true, 1, context.Canceled},
+		{"another error", []error{other}, false, 1, other},
+		{"cancellations without end", slices.Repeat([]error{context.Canceled}, 100), false, cancelRetries + 1, context.Canceled},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if tc.cancelled {
+				cancel()
+			}
+			calls := 0
+			produce := func(_ context.Context, recs ...*kgo.Record) kgo.ProduceResults {
+				var err error
+				if calls < len(tc.fails) {
+					err = tc.fails[calls]
+				}
+				calls++
+				res := make(kgo.ProduceResults, len(recs))
+				for i, r := range recs {
+					if r.Offset != 0 {
+						t.Errorf("attempt %d: a record reused with the fields of the attempt before (offset %d)", calls, r.Offset)
+					}
+					r.Offset = int64(calls) // as franz-go sets it
+					res[i] = kgo.ProduceResult{Record: r, Err: err}
+				}
+				return res
+			}
+			recs := []*kgo.Record{{Topic: "t", Key: []byte("k"), Value: []byte("v")}, {Topic: "t", Key: []byte("k2")}}
+			err := produceRetrying(ctx, produce, recs...).FirstErr()
+			if calls != tc.wantCalls || !errors.Is(err, tc.wantErr) || (tc.wantErr == nil) != (err == nil) {
+				t.Errorf("%d attempts, error %v; want %d, %v", calls, err, tc.wantCalls, tc.wantErr)
+			}
+			if string(recs[0].Key) != "k" || string(recs[0].Value) != "v" || recs[1].Value != nil {
+				t.Errorf("records changed: %+v %+v", recs[0], recs[1])
+			}
+		})
 	}
 }

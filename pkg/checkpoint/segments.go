@@ -268,7 +268,7 @@ func (s *KafkaStore) PutSegment(ctx context.Context, key Key, data []byte) ([]by
 		return nil, fmt.Errorf("save segment %s: %w", key, err)
 	}
 	idx := &kgo.Record{Topic: s.topic, Partition: manifestPartition, Key: segIndexKey(key, e.Nonce), Value: encodeSegIndex(e, time.Now())}
-	if err := s.cl.ProduceSync(ctx, idx).FirstErr(); err != nil {
+	if err := s.produceSync(ctx, idx).FirstErr(); err != nil {
 		return nil, fmt.Errorf("save segment %s: produce its index record to %s: %w", key, s.topic, err)
 	}
 	return appendEntry(nil, e), nil
@@ -337,5 +337,5 @@ func (s *KafkaStore) DeleteSegment(ctx context.Context, key Key, ref []byte) err
 	if err := s.tombstone(ctx, key, e); err != nil {
 		return err
 	}
-	return s.cl.ProduceSync(ctx, &kgo.Record{Topic: s.topic, Partition: manifestPartition, Key: segIndexKey(key, e.Nonce)}).FirstErr()
+	return s.produceSync(ctx, &kgo.Record{Topic: s.topic, Partition: manifestPartition, Key: segIndexKey(key, e.Nonce)}).FirstErr()
 }
