@@ -140,25 +140,12 @@ func TestFailedCommitIsRetried(t *testing.T) {
 	var refuse atomic.Bool
 	refuse.Store(true)
 	var refused atomic.Int32
-	c.ControlKey(int16(kmsg.OffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
+	refuseOffsetCommits(c, kerr.OffsetMetadataTooLarge.Code, func(*kmsg.OffsetCommitRequest) bool {
 		if !refuse.Load() {
-			return nil, nil, false
+			return false
 		}
 		refused.Add(1)
-		creq := req.(*kmsg.OffsetCommitRequest)
-		resp := creq.ResponseKind().(*kmsg.OffsetCommitResponse)
-		for _, rt := range creq.Topics {
-			st := kmsg.NewOffsetCommitResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewOffsetCommitResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, kerr.OffsetMetadataTooLarge.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return true
 	})
 	store := checkpoint.NewMemoryStore()
 	cfg := testConfig(t, brokers, store)
