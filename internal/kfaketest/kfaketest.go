@@ -42,6 +42,30 @@ func RefuseProduces(c *kfake.Cluster, n int32) *atomic.Int32 {
 	return &refused
 }
 
+// RefuseOffsetCommits answers, with code for every partition in it, each
+// OffsetCommit request for which refuse says so, and lets the others through.
+func RefuseOffsetCommits(c *kfake.Cluster, code int16, refuse func(*kmsg.OffsetCommitRequest) bool) {
+	c.ControlKey(int16(kmsg.OffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		creq := req.(*kmsg.OffsetCommitRequest)
+		if !refuse(creq) {
+			return nil, nil, false
+		}
+		resp := creq.ResponseKind().(*kmsg.OffsetCommitResponse)
+		for _, rt := range creq.Topics {
+			st := kmsg.NewOffsetCommitResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewOffsetCommitResponseTopicPartition()
+				sp.Partition, sp.ErrorCode = rp.Partition, code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+}
+
 // FailListOffsets answers the cluster's next n ListOffsets requests with err
 // for every partition in them, as a broker answers while a partition's leader
 // restarts or moves (NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE), and lets

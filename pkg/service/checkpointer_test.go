@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/velocity-consumer/velocity-consumer/internal/kfaketest"
 	"github.com/velocity-consumer/velocity-consumer/internal/streamtest"
 	"github.com/velocity-consumer/velocity-consumer/pkg/checkpoint"
 	"github.com/velocity-consumer/velocity-consumer/pkg/metrics"
@@ -140,7 +141,7 @@ func TestFailedCommitIsRetried(t *testing.T) {
 	var refuse atomic.Bool
 	refuse.Store(true)
 	var refused atomic.Int32
-	refuseOffsetCommits(c, kerr.OffsetMetadataTooLarge.Code, func(*kmsg.OffsetCommitRequest) bool {
+	kfaketest.RefuseOffsetCommits(c, kerr.OffsetMetadataTooLarge.Code, func(*kmsg.OffsetCommitRequest) bool {
 		if !refuse.Load() {
 			return false
 		}

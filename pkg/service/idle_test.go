@@ -533,7 +533,7 @@ func TestIdleReleaseIsDurableBeforeItsOutputs(t *testing.T) {
 			c := newFakeCluster(t, 1)
 			brokers := c.ListenAddrs()
 			var gone atomic.Bool
-			refuseOffsetCommits(c, kerr.CoordinatorNotAvailable.Code, func(*kmsg.OffsetCommitRequest) bool { return gone.Load() })
+			kfaketest.RefuseOffsetCommits(c, kerr.CoordinatorNotAvailable.Code, func(*kmsg.OffsetCommitRequest) bool { return gone.Load() })
 			store := checkpoint.NewMemoryStore()
 			key := checkpoint.Key{Group: "g", Topic: inTopic, Partition: 0}
 			late := watermark.Config{AllowedLateness: 5000, IdleTimeout: 300 * time.Millisecond}
@@ -629,7 +629,7 @@ func TestIdleReleaseWaitsForItsCommit(t *testing.T) {
 	var refused atomic.Int32
 	// Not retriable: franz-go returns it at once, and every attempt is one
 	// refusal.
-	refuseOffsetCommits(c, kerr.OffsetMetadataTooLarge.Code, func(creq *kmsg.OffsetCommitRequest) bool {
+	kfaketest.RefuseOffsetCommits(c, kerr.OffsetMetadataTooLarge.Code, func(creq *kmsg.OffsetCommitRequest) bool {
 		ahead := false
 		for _, rt := range creq.Topics {
 			for _, rp := range rt.Partitions {
@@ -658,28 +658,4 @@ func TestIdleReleaseWaitsForItsCommit(t *testing.T) {
 	}
 	refuse.Store(false)
 	readOutputs(t, brokers, 2, 30*time.Second)
-}
-
-// refuseOffsetCommits makes c answer every partition of an offset commit for
-// which refuse says so with code, and pass the others on.
-func refuseOffsetCommits(c *kfake.Cluster, code int16, refuse func(*kmsg.OffsetCommitRequest) bool) {
-	c.ControlKey(int16(kmsg.OffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		creq := req.(*kmsg.OffsetCommitRequest)
-		if !refuse(creq) {
-			return nil, nil, false
-		}
-		resp := creq.ResponseKind().(*kmsg.OffsetCommitResponse)
-		for _, rt := range creq.Topics {
-			st := kmsg.NewOffsetCommitResponseTopic()
-			st.Topic = rt.Topic
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewOffsetCommitResponseTopicPartition()
-				sp.Partition, sp.ErrorCode = rp.Partition, code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
-	})
 }
