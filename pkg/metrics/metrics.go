@@ -25,9 +25,11 @@ type Metrics struct {
 	// HopDuplicates counts, per re-keyed group, hop records its second stage
 	// received again (a producer retry, a restart from an older checkpoint, an
 	// old owner) and did not count twice; HopStaleIdle the idle markers it did
-	// not honour because they came from an old owner.
-	HopDuplicates *prometheus.CounterVec
-	HopStaleIdle  *prometheus.CounterVec
+	// not honour because they came from an old owner; HopIdleExpired the idle
+	// declarations whose lease ran out before their owner renewed them.
+	HopDuplicates  *prometheus.CounterVec
+	HopStaleIdle   *prometheus.CounterVec
+	HopIdleExpired *prometheus.CounterVec
 	// GroupPartitions, GroupRestoring and GroupPaused are AssignedPartition,
 	// PartitionsRestoring and PausedPartitions of a re-keyed group's second
 	// stage, by group.
@@ -132,6 +134,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"group"}),
 		HopStaleIdle: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "velocity_hop_stale_idle_markers_total", Help: "Idle markers from an old owner of an input partition that a re-keyed group's second stage did not honour, by group.",
+		}, []string{"group"}),
+		HopIdleExpired: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "velocity_hop_idle_expired_total", Help: "Idle declarations of input partitions whose lease ran out before their owner renewed it (a lost owner, or renewals held up), by group: the partition holds the group's frontier again.",
 		}, []string{"group"}),
 		GroupPartitions: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "velocity_group_assigned_partitions", Help: "Repartition partitions this instance computes a re-keyed group for, by group.",
@@ -238,7 +243,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(
 		m.RecordsIn, m.Features, m.DeadLetters, m.LateApplied, m.KeyMismatch, m.ReorderBuffer, m.WatermarkLag,
-		m.GroupKeyMissing, m.HopDuplicates, m.HopStaleIdle, m.GroupPartitions, m.GroupRestoring, m.GroupPaused,
+		m.GroupKeyMissing, m.HopDuplicates, m.HopStaleIdle, m.HopIdleExpired, m.GroupPartitions, m.GroupRestoring, m.GroupPaused,
 		m.Latency, m.AddedLatency, m.Entities, m.EntitiesEvicted, m.DedupeIDs, m.DedupeEvicted, m.CheckpointSeconds, m.CheckpointPause, m.CheckpointBytes, m.CheckpointWritten,
 		m.CheckpointErrors, m.SnapshotFallbacks, m.SnapshotStepBacks, m.TxnPartitionsLost, m.TakeoversInterrupted, m.Stalls, m.CommitErrors, m.ProduceErrors,
 		m.PausedPartitions, m.ConsumerLag, m.AssignedPartition,

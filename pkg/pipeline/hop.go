@@ -44,6 +44,12 @@ type HopConfig struct {
 	Groups []HopGroup
 	// Partitions is each repartition topic's partition count: the input topic's.
 	Partitions int32
+	// IdleLease, when positive, is how long each idle declaration holds at the
+	// second stages without a renewal (repartition.Record.Lease), in whole
+	// milliseconds up to repartition.MaxLease; the first stage renews it every
+	// quarter of it while the caller confirms the input quiet. 0: a declaration
+	// holds until the partition sends anything else (replay).
+	IdleLease time.Duration
 }
 
 // MergeConfig makes a Processor the second stage of one re-keyed group, reading one
@@ -66,12 +72,16 @@ type hopState struct {
 	// partition (repartition.NoWatermark before any).
 	sent []int64
 	// idleSent: the idle verdict went to every repartition partition since the
-	// last record this partition processed.
-	idleSent bool
-	rec      repartition.Record
-	buf      []byte
-	keyBuf   []byte
-	out      Output
+	// last record this partition processed; declaredAt is when it last went
+	// (the declaration or its latest renewal), and now the caller's clock
+	// (Processor.SetClock).
+	idleSent        bool
+	declaredAt, now time.Time
+	lease           int64 // cfg.IdleLease in ms (0: none)
+	rec             repartition.Record
+	buf             []byte
+	keyBuf          []byte
+	out             Output
 	// Missing counts, per group, accepted records without a key for it.
 	missing []uint64
 }
@@ -83,7 +93,10 @@ func newHopState(cfg HopConfig) (*hopState, error) {
 	if cfg.Partitions < 1 {
 		return nil, fmt.Errorf("pipeline: Hops.Partitions %d; want the input topic's partition count", cfg.Partitions)
 	}
-	h := &hopState{cfg: cfg, sent: make([]int64, len(cfg.Groups)*int(cfg.Partitions)), missing: make([]uint64, len(cfg.Groups))}
+	if cfg.IdleLease < 0 || cfg.IdleLease%time.Millisecond != 0 || cfg.IdleLease > repartition.MaxLease*time.Millisecond {
+		return nil, fmt.Errorf("pipeline: Hops.IdleLease %v; want whole milliseconds, at most %v", cfg.IdleLease, repartition.MaxLease*time.Millisecond)
+	}
+	h := &hopState{cfg: cfg, sent: make([]int64, len(cfg.Groups)*int(cfg.Partitions)), missing: make([]uint64, len(cfg.Groups)), lease: cfg.IdleLease.Milliseconds()}
 	for i := range h.sent {
 		h.sent[i] = repartition.NoWatermark
 	}
@@ -157,24 +170,27 @@ func (p *Processor) emitHop(g int, rp int32, key []byte, offset, arrival int64, 
 // HopMarkers sends, as a first stage, the partition's watermark to every repartition
 // partition that has not received it (nothing sent there carried it), and, when the
 // idle rule holds (quiet), the idle verdict to every repartition partition once per
-// quiet spell. quiet is the caller's verdict that the input is quiet: the service
-// passes Quiet only once the broker confirms the partition has nothing left to read
-// (worker.idleVerdict), so that a slow fetch or a woken old owner is never taken for
-// a quiet input. Call it on the processor's
-// goroutine between records (the service does at every tick; replay does not: its
-// second stages hear every source's end instead, see EndOfInput).
-func (p *Processor) HopMarkers(quiet bool, emit func(*Output)) {
+// quiet spell, and again every quarter of its lease (IdleLease) while the spell
+// lasts. It reports whether it sent the verdict. quiet is the caller's verdict that
+// the input is quiet: the service passes Quiet only once the broker confirms the
+// partition has nothing left to read (worker.idleVerdict), so that a slow fetch, a
+// woken old owner or one cut off from the brokers is never taken for a quiet input,
+// and a lost owner's declaration runs out at the second stages. Call it on the
+// processor's goroutine between records, after SetClock (the service does at every
+// tick; replay does not: its second stages hear every source's end instead, see
+// EndOfInput).
+func (p *Processor) HopMarkers(quiet bool, emit func(*Output)) bool {
 	h := p.hop
 	if h == nil {
-		return
+		return false
 	}
 	wm, ok := p.stage.Watermark()
 	if !ok {
 		wm = repartition.NoWatermark
 	}
-	idle := quiet && !h.idleSent
+	idle := quiet && (!h.idleSent || h.renewalDue())
 	if !ok && !idle {
-		return // nothing to promise yet
+		return false // nothing to promise yet
 	}
 	n := int(h.cfg.Partitions)
 	for g := range h.cfg.Groups {
@@ -183,14 +199,27 @@ func (p *Processor) HopMarkers(quiet bool, emit func(*Output)) {
 			if !idle && (!ok || wm <= *s) {
 				continue
 			}
-			p.appendMarker(wm, idle)
+			var lease int64
+			if idle {
+				lease = h.lease
+			}
+			p.appendMarker(wm, idle, lease)
 			*s = max(*s, wm)
 			p.emitHop(g, int32(rp), nil, -1, 0, emit)
 		}
 	}
 	if idle {
-		h.idleSent = true
+		h.idleSent, h.declaredAt = true, h.now
 	}
+	return idle
+}
+
+// renewalDue reports whether a leased idle declaration is due for renewal: a
+// quarter of the lease has passed since it was last sent, which leaves the renewal
+// three quarters to reach the second stages (a broker check, a tick, a produce and,
+// under exactly-once, a commit).
+func (h *hopState) renewalDue() bool {
+	return h.idleSent && h.lease > 0 && h.now.Sub(h.declaredAt) >= time.Duration(h.lease)*time.Millisecond/4
 }
 
 // AnnounceOwner sends, as a first stage that has just been given its partition, a
@@ -217,7 +246,7 @@ func (p *Processor) markActive(emit func(*Output)) {
 	n := int(h.cfg.Partitions)
 	for g := range h.cfg.Groups {
 		for rp := range n {
-			p.appendMarker(wm, false)
+			p.appendMarker(wm, false, 0)
 			s := &h.sent[g*n+rp]
 			*s = max(*s, wm)
 			p.emitHop(g, int32(rp), nil, -1, 0, emit)
@@ -230,25 +259,31 @@ func (p *Processor) markActive(emit func(*Output)) {
 func (p *Processor) IdleDeclared() bool { return p.hop != nil && p.hop.idleSent }
 
 // NeedsIdleVerdict reports whether a first stage has not yet told its second
-// stages that its input is quiet: the caller checks that the input is really
-// read to its end only then.
-func (p *Processor) NeedsIdleVerdict() bool { return p.hop != nil && !p.hop.idleSent }
+// stages that its input is quiet, or its declaration is due for renewal: the
+// caller checks that the input is really read to its end only then.
+func (p *Processor) NeedsIdleVerdict() bool {
+	return p.hop != nil && (!p.hop.idleSent || p.hop.renewalDue())
+}
 
 // EndOfInput sends, as a first stage, the idle verdict to every repartition
 // partition: the end of a replay's range, after Flush, where every source has sent
 // all it ever will. A second stage that has heard it from every source releases
 // everything it holds.
 func (p *Processor) EndOfInput(emit func(*Output)) {
-	if p.hop == nil {
+	h := p.hop
+	if h == nil {
 		return
 	}
-	p.hop.idleSent = false
+	// The end of the input is for good: no lease.
+	lease := h.lease
+	h.idleSent, h.lease = false, 0
 	p.HopMarkers(true, emit)
+	h.lease = lease
 }
 
-func (p *Processor) appendMarker(wm int64, idle bool) {
+func (p *Processor) appendMarker(wm int64, idle bool, lease int64) {
 	h := p.hop
-	h.rec = repartition.Record{Kind: repartition.KindMarker, Epoch: h.epoch, Watermark: wm, Idle: idle, Event: repartition.Event{Source: p.cfg.Partition}}
+	h.rec = repartition.Record{Kind: repartition.KindMarker, Epoch: h.epoch, Watermark: wm, Idle: idle, Lease: lease, Event: repartition.Event{Source: p.cfg.Partition}}
 	var err error
 	if h.buf, err = repartition.AppendRecord(h.buf[:0], &h.rec); err != nil {
 		panic(fmt.Sprintf("pipeline: hop marker: %v", err)) // a marker has no field to refuse
@@ -275,6 +310,7 @@ type MergeStats struct {
 	LateAfterIdle uint64 // events the frontier had passed while their source was idle: counted out of order (late=true) or dead-lettered
 	Markers       uint64
 	StaleIdle     uint64 // idle markers from an old owner epoch, not honoured
+	IdleExpired   uint64 // idle declarations whose lease ran out unrenewed (a lost owner, or late renewals)
 }
 
 // MergeStats returns a second stage's counters (zero otherwise).
@@ -282,7 +318,9 @@ func (p *Processor) MergeStats() MergeStats {
 	if p.merge == nil {
 		return MergeStats{}
 	}
-	return p.merge.stats
+	st := p.merge.stats
+	st.IdleExpired = p.merge.m.Stats().Expired
+	return st
 }
 
 // Frontier is a second stage's released frontier (repartition.NoWatermark before
@@ -301,6 +339,7 @@ func (p *Processor) processHop(r *Record, emit func(*Output)) {
 		p.deadHop(r, codec.ReasonDecode, "not a hop record: "+err.Error(), emit)
 		return
 	}
+	ms.rec.LogTime = r.Timestamp
 	v, err := ms.m.Offer(&ms.rec)
 	if err != nil {
 		p.deadHop(r, codec.ReasonDecode, "hop record refused by the second stage: "+err.Error(), emit)

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/velocity-consumer/velocity-consumer/pkg/codec"
 	"github.com/velocity-consumer/velocity-consumer/pkg/definition"
@@ -542,5 +543,197 @@ func TestBorrowedKeysChangeNothing(t *testing.T) {
 		if !slices.EqualFunc(snaps[0], snaps[1], bytes.Equal) {
 			t.Fatalf("lateness %d: snapshots differ with borrowed ids and keys", lateness)
 		}
+	}
+}
+
+// TestIdleDeclarationOfALostOwner (docs/repartition.md, the idle rule: "A lost
+// owner's declaration runs out"): source 1's owner declares its input idle, renews
+// the declaration once, then is lost (SIGKILL, a freeze, or a network cut past the
+// session) before its input resumes, and nobody else can speak for the partition
+// until the group gives it to a new owner, --session-timeout later. Meanwhile
+// source 0 goes on for 30 s. The new owner announces itself with the watermark it
+// restored and hops what its input received after the loss. With the lease run
+// out, source 0 could not carry the frontier more than the lease past source 1's
+// last renewal, so every one of the new owner's events is in order; with
+// unleased declarations (leased false) every one of them is counted out of order
+// (late=true), where replay counts them in order. Seed 2502371208 of the
+// kafka-groups fault checker showed it: 281-425 such events per group, all from
+// the input partition whose owner was SIGKILLed 6 s after its idle declaration.
+func TestIdleDeclarationOfALostOwner(t *testing.T) {
+	for _, leased := range []bool{true, false} {
+		t.Run(fmt.Sprint("leased=", leased), func(t *testing.T) {
+			g := loadHopGroups(t)[1]
+			cfg := Config{Topic: "__velocity-repartition-grp-g1", Features: g.spec, Merge: &MergeConfig{Group: "g1", Sources: 2}}
+			p, err := New(cfg, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const t0 = int64(1_793_491_200_000)
+			const lateness = 1000
+			var off int64
+			late := 0
+			send := func(r repartition.Record, ts int64) {
+				t.Helper()
+				if !leased {
+					r.Lease = 0
+				}
+				b, err := repartition.AppendRecord(nil, &r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				p.Process(Record{Topic: cfg.Topic, Offset: off, Value: b, Timestamp: ts}, func(o *Output) {
+					var h feature.Head
+					row := feature.NewRow(g.spec)
+					if o.Dead {
+						late++
+						return
+					}
+					if err := feature.ParseRow(o.Value, g.spec, &h, row); err != nil {
+						t.Fatal(err)
+					}
+					if h.Late {
+						late++
+					}
+				})
+				off++
+			}
+			ev := func(src int32, epoch uint64, o, at, wm int64) repartition.Record {
+				return repartition.Record{Kind: repartition.KindEvent, Epoch: epoch, Watermark: min(wm, at), Event: repartition.Event{
+					Source: src, Offset: o, EventTime: at, Topic: "tx", Key: "EUR", EventID: fmt.Sprintf("e%d-%d", src, o), Amount: 1}}
+			}
+			mark := func(src int32, epoch uint64, wm int64, idle bool) repartition.Record {
+				r := repartition.Record{Kind: repartition.KindMarker, Epoch: epoch, Watermark: wm, Idle: idle, Event: repartition.Event{Source: src}}
+				if idle {
+					r.Lease = 1000 // service.IdleLease of a 1 s lateness
+				}
+				return r
+			}
+			// Event times follow the clock; both sources up to t0, then quiet for
+			// the idle timeout (2 s): both declare idle, and renew every 250 ms.
+			send(ev(0, 1, 0, t0, t0-lateness), t0)
+			send(ev(1, 1, 0, t0, t0-lateness), t0)
+			send(mark(0, 1, t0-lateness, true), t0+2_000)
+			send(mark(1, 1, t0-lateness, true), t0+2_010)
+			send(mark(0, 1, t0-lateness, true), t0+2_250)
+			send(mark(1, 1, t0-lateness, true), t0+2_260)
+			// Source 1's owner is lost at t0+2.3 s. Source 0's input resumes at
+			// t0+2.6 s for 30 s, and so does source 1's, which nobody reads.
+			send(mark(0, 1, t0-lateness, false), t0+2_600)
+			for i := range int64(300) {
+				at := t0 + 2_600 + 100*i
+				send(ev(0, 1, 1+i, at, at-lateness), at+5)
+			}
+			passed := p.merge.m.Frontier() - t0
+			// The new owner (epoch 2), 6 s after the burst's end: it announces
+			// itself with the watermark it restored, then hops the backlog.
+			now := t0 + 38_600
+			send(mark(1, 2, t0-lateness, false), now)
+			for i := range int64(300) {
+				at := t0 + 2_600 + 100*i
+				send(ev(1, 2, 1+i, at, at-lateness), now+i/10)
+			}
+			send(mark(0, 1, t0+40_000, false), now+100)
+			send(mark(1, 2, t0+40_000, false), now+100)
+			if leased && late > 0 {
+				t.Fatalf("%d of the new owner's 300 events counted out of order (late=true or late_after_idle): the lost owner's idle declaration let source 0 carry the frontier to t0+%d ms", late, passed)
+			}
+			if !leased && late == 0 {
+				t.Fatalf("without leases no event was counted out of order (frontier at t0+%d ms): the test does not reach the gap", passed)
+			}
+			if st := p.MergeStats(); leased != (st.IdleExpired == 1) {
+				t.Fatalf("%d idle declarations ran out, leased %v", st.IdleExpired, leased)
+			}
+		})
+	}
+}
+
+// TestIdleLeaseRenewal: a first stage with IdleLease declares its input idle with
+// the lease in every idle marker, renews the declaration every quarter of the lease
+// while the caller confirms the input quiet (and only then), and a record ends the
+// declaration; the end of a replay's input is never leased.
+func TestIdleLeaseRenewal(t *testing.T) {
+	groups := loadHopGroups(t)
+	const parts = 3
+	hc := &HopConfig{Partitions: parts, IdleLease: time.Second}
+	for i, g := range groups {
+		hc.Groups = append(hc.Groups, HopGroup{Name: fmt.Sprintf("g%d", i), Topic: hopTopic(i), Words: g.spec.Words()})
+	}
+	inner := newFeaturesProcessor(t, txDefinition, 1500).cfg.Decoder
+	p, err := New(Config{Topic: "tx", Partition: 0, Decoder: &groupsDecoder{inner: inner, groups: groups},
+		Features: newFeaturesProcessor(t, txDefinition, 1500).cfg.Features, Hops: hc, Watermark: watermark.Config{AllowedLateness: 1500}}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var markers []repartition.Record
+	var dec repartition.Decoder
+	emit := func(o *Output) {
+		var r repartition.Record
+		if o.Hop {
+			if err := dec.Decode(o.Value, &r); err != nil {
+				t.Fatal(err)
+			}
+			if r.Kind == repartition.KindMarker {
+				markers = append(markers, r)
+			}
+		}
+	}
+	recs := hopInput()[0]
+	for _, r := range recs[:20] {
+		p.Process(r, emit)
+	}
+	t0 := time.Unix(1_800_000_000, 0)
+	steps := []struct {
+		at      time.Duration
+		quiet   bool
+		needs   bool // NeedsIdleVerdict before the call
+		sent    bool
+		markers int   // idle markers sent
+		lease   int64 // on each of them
+	}{
+		{0, false, true, false, 0, 0},
+		{0, true, true, true, 2 * parts, 1000},                      // the declaration
+		{100 * time.Millisecond, true, false, false, 0, 0},          // not due
+		{249 * time.Millisecond, true, false, false, 0, 0},          // not due
+		{250 * time.Millisecond, false, true, false, 0, 0},          // due, but not confirmed quiet
+		{300 * time.Millisecond, true, true, true, 2 * parts, 1000}, // renewed
+		{500 * time.Millisecond, true, false, false, 0, 0},
+		{550 * time.Millisecond, true, true, true, 2 * parts, 1000},
+	}
+	for i, s := range steps {
+		p.SetClock(t0.Add(s.at))
+		if got := p.NeedsIdleVerdict(); got != s.needs {
+			t.Fatalf("step %d: NeedsIdleVerdict %v, want %v", i, got, s.needs)
+		}
+		markers = markers[:0]
+		sent := p.HopMarkers(s.quiet, emit)
+		idle := 0
+		for _, m := range markers {
+			if m.Idle {
+				idle++
+				if m.Lease != s.lease {
+					t.Fatalf("step %d: idle marker with lease %d, want %d", i, m.Lease, s.lease)
+				}
+			}
+		}
+		if sent != s.sent || idle != s.markers {
+			t.Fatalf("step %d: sent %v with %d idle markers, want %v with %d", i, sent, idle, s.sent, s.markers)
+		}
+	}
+	if !p.IdleDeclared() {
+		t.Fatal("the declaration ended without a record")
+	}
+	p.Process(recs[20], emit)
+	if p.IdleDeclared() || !p.NeedsIdleVerdict() {
+		t.Fatal("a record did not end the declaration")
+	}
+	markers = markers[:0]
+	p.EndOfInput(emit)
+	for _, m := range markers {
+		if !m.Idle || m.Lease != 0 {
+			t.Fatalf("end of input sent %+v; want idle markers without a lease", m)
+		}
+	}
+	if len(markers) != 2*parts {
+		t.Fatalf("end of input sent %d markers, want %d", len(markers), 2*parts)
 	}
 }

@@ -134,6 +134,10 @@ type Record struct {
 	Value     []byte
 	// Arrival is the wall-clock arrival time in Unix nanoseconds (0 in replay).
 	Arrival int64
+	// Timestamp is the Kafka record's timestamp in Unix ms (0: none). A second
+	// stage's Merger reads its clock from it (leases of idle declarations), so
+	// every reader of a repartition partition, warm-up reads included, passes it.
+	Timestamp int64
 }
 
 // Stats are running counters a caller can export as metrics.
@@ -536,7 +540,12 @@ func (p *Processor) Hint(key, value []byte, distance int) {
 
 // SetClock sets the wall-clock time the idle timeout reads until the next call
 // (watermark.Stage.SetClock): call it once per fetched batch and before Tick.
-func (p *Processor) SetClock(t time.Time) { p.stage.SetClock(t) }
+func (p *Processor) SetClock(t time.Time) {
+	p.stage.SetClock(t)
+	if p.hop != nil {
+		p.hop.now = t
+	}
+}
 
 // WaitsForIdle reports whether the partition's reorder buffer holds events and
 // the idle timeout has passed since its last record: what Tick would release, if

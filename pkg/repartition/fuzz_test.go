@@ -13,7 +13,7 @@ import (
 // FuzzDecodeRecord: Decode never panics, and whatever it accepts is canonical (the
 // encoder writes the same bytes back) and obeys the hop's rules.
 func FuzzDecodeRecord(f *testing.F) {
-	for _, r := range []Record{sampleEvent(), hop(0, 0, 5, 5), mark(3, 99), idleMark(1, NoWatermark, 4)} {
+	for _, r := range []Record{sampleEvent(), hop(0, 0, 5, 5), mark(3, 99), idleMark(1, NoWatermark, 4), leased(1, 50, 4, 1000)} {
 		b, err := AppendRecord(nil, &r)
 		if err != nil {
 			f.Fatal(err)

@@ -84,7 +84,18 @@ func (c Config) validate() error {
 // are the process's metrics).
 type Stats struct {
 	Accepted, Duplicates, LateAfterIdle, Released, Markers, StaleIdle uint64
+	// Expired counts idle declarations whose lease ran out before their source
+	// renewed them: the source counts in the order again (a lost owner, or one
+	// whose renewals came late).
+	Expired uint64
 }
+
+// NoClock is the Merger's clock before it has seen a record timestamp.
+const NoClock = math.MinInt64
+
+// noLease is a source's lease end when its idle declaration holds until the source
+// sends anything else (or when it is not idle).
+const noLease = math.MaxInt64
 
 // Merger is one repartition partition's second stage: see the package documentation.
 type Merger struct {
@@ -95,7 +106,14 @@ type Merger struct {
 	// minWM is the minimum watermark of the non-idle sources as advance last computed
 	// it (math.MaxInt64 with none). Raising a watermark that was above it cannot change
 	// it, so Offer skips the O(sources) recomputation in that, the common, case.
-	minWM   int64
+	minWM int64
+	// clock is the largest record timestamp (Record.LogTime) seen, NoClock before
+	// any: the repartition partition's own time, which re-reading it gives again.
+	clock int64
+	// expiry is at most the earliest lease end of the idle sources (noLease with
+	// none), so Offer scans the sources for an expired lease only when the clock
+	// passes it.
+	expiry  int64
 	pending int
 	stats   Stats
 	outExt  []uint64 // Ext of the events the last Ready returned
@@ -120,11 +138,17 @@ type Merger struct {
 //     released in order);
 //   - an event is accepted only with t >= F, so the queues hold events below F only
 //     between an Offer that raised F and the next Ready (dirty is then set);
-//   - rel[rh:] is strictly increasing in (t, off) and every entry has wm <= t < F.
+//   - rel[rh:] is strictly increasing in (t, off) and every entry has wm <= t < F;
+//   - an idle source's lease is noLease or at least the Merger's clock (a lease
+//     the clock passed has ended the declaration), and a source that is not idle
+//     has lease noLease.
 type source struct {
 	wm    int64 // largest watermark received, NoWatermark before any
 	epoch uint64
 	idle  bool
+	// lease is the clock value up to which an idle declaration holds (noLease:
+	// until the source sends anything else; always noLease when not idle).
+	lease int64
 	q     []entry
 	qh    int
 	ext   []uint64
@@ -183,9 +207,10 @@ func New(cfg Config) (*Merger, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	m := &Merger{n: cfg.ExtWords, src: make([]source, cfg.Sources), F: NoWatermark, minWM: NoWatermark}
+	m := &Merger{n: cfg.ExtWords, src: make([]source, cfg.Sources), F: NoWatermark, minWM: NoWatermark, clock: NoClock, expiry: noLease}
 	for i := range m.src {
 		m.src[i].wm = NoWatermark
+		m.src[i].lease = noLease
 	}
 	return m, nil
 }
@@ -194,33 +219,49 @@ func New(cfg Config) (*Merger, error) {
 // documentation (Accepted, Duplicate or LateAfterIdle); for a marker it returns
 // Marked or StaleIdle. Every record, duplicates included, raises its source's
 // watermark to at least its Watermark and ends its source's idleness (an idle marker
-// from the newest epoch starts it). An error means the record breaks the
-// configuration or the hop's rules, and nothing changed. The event's strings are kept
-// by reference until it is released; its Ext words are copied.
+// from the newest epoch starts it, or renews it). An error means the record breaks
+// the configuration or the hop's rules, and nothing changed. The event's strings are
+// kept by reference until it is released; its Ext words are copied.
+//
+// Before the record is applied, its LogTime advances the clock, and an idle
+// declaration whose lease the clock has passed ends: its source counts in the order
+// again with its watermark, as if it had sent a marker that is not idle.
 func (m *Merger) Offer(r *Record) (Verdict, error) {
 	if r.Source < 0 || int(r.Source) >= len(m.src) {
 		return 0, ErrUnknownSource
 	}
-	s := &m.src[r.Source]
-	oldWM, oldIdle := s.wm, s.idle
-	var v Verdict
-	switch r.Kind {
-	case KindEvent:
+	if r.Kind == KindEvent {
 		if err := checkEvent(r); err != nil {
 			return 0, err
 		}
 		if len(r.Ext) != m.n {
 			return 0, ErrExtLen
 		}
+	} else if r.Kind != KindMarker {
+		return 0, ErrKind
+	} else if r.Lease < 0 || r.Lease > MaxLease || r.Lease != 0 && !r.Idle {
+		return 0, ErrLease
+	}
+	m.observe(r.LogTime)
+	s := &m.src[r.Source]
+	oldWM, oldIdle := s.wm, s.idle
+	var v Verdict
+	if r.Kind == KindEvent {
 		v = m.classify(s, r)
-		s.idle = false
-	case KindMarker:
+		s.idle, s.lease = false, noLease
+	} else {
 		v = Marked
 		switch {
 		case !r.Idle:
-			s.idle = false
+			s.idle, s.lease = false, noLease
 		case r.Epoch >= s.epoch:
-			s.idle = true
+			s.idle, s.lease = true, noLease
+			if r.Lease > 0 && m.clock != NoClock {
+				// The lease runs on the clock from this record on; a renewal
+				// replaces it. noLease is reserved, hence the cap.
+				s.lease = m.clock + min(r.Lease, noLease-1-m.clock)
+				m.expiry = min(m.expiry, s.lease)
+			}
 		default:
 			v = StaleIdle
 		}
@@ -228,8 +269,6 @@ func (m *Merger) Offer(r *Record) (Verdict, error) {
 		if v == StaleIdle {
 			m.stats.StaleIdle++
 		}
-	default:
-		return 0, ErrKind
 	}
 	s.epoch = max(s.epoch, r.Epoch)
 	if r.Watermark > s.wm {
@@ -240,6 +279,36 @@ func (m *Merger) Offer(r *Record) (Verdict, error) {
 		m.advance()
 	}
 	return v, nil
+}
+
+// observe advances the clock to t (a record timestamp; none when t <= 0) and ends
+// every idle declaration whose lease it has passed.
+func (m *Merger) observe(t int64) {
+	if t <= 0 || t <= m.clock {
+		return
+	}
+	m.clock = t
+	if t <= m.expiry {
+		return
+	}
+	next, ended := int64(noLease), false
+	for i := range m.src {
+		s := &m.src[i]
+		if !s.idle || s.lease == noLease {
+			continue
+		}
+		if s.lease < t {
+			s.idle, s.lease = false, noLease
+			m.stats.Expired++
+			ended = true
+			continue
+		}
+		next = min(next, s.lease)
+	}
+	m.expiry = next
+	if ended {
+		m.advance()
+	}
 }
 
 // classify decides an event and, if it is new, records it (pending, or counted late).
@@ -494,6 +563,16 @@ func (m *Merger) Sources() int { return len(m.src) }
 // Watermark returns the largest watermark received from source p and whether p is
 // currently left out of the frontier as idle.
 func (m *Merger) Watermark(p int) (wm int64, idle bool) { return m.src[p].wm, m.src[p].idle }
+
+// Lease returns the clock value up to which source p's idle declaration holds, and
+// false when p is not idle or its declaration has no lease.
+func (m *Merger) Lease(p int) (int64, bool) {
+	s := &m.src[p]
+	return s.lease, s.idle && s.lease != noLease
+}
+
+// Clock returns the largest record timestamp seen (NoClock before any).
+func (m *Merger) Clock() int64 { return m.clock }
 
 // Stats returns the counters.
 func (m *Merger) Stats() Stats { return m.stats }

@@ -25,6 +25,16 @@ func idleMark(p int32, wm int64, epoch uint64) Record {
 
 func epochHop(r Record, epoch uint64) Record { r.Epoch = epoch; return r }
 
+// at gives r the record timestamp ts (Record.LogTime).
+func at(r Record, ts int64) Record { r.LogTime = ts; return r }
+
+// leased is an idle marker with a lease of d ms.
+func leased(p int32, wm int64, epoch uint64, d int64) Record {
+	r := idleMark(p, wm, epoch)
+	r.Lease = d
+	return r
+}
+
 // step is one record and what the Merger must do with it: the verdict, then what the
 // following Ready releases, as "source/offset" strings.
 type step struct {
@@ -126,6 +136,46 @@ func TestMergerRules(t *testing.T) {
 			{mark(1, 1000), Marked, nil},
 			{mark(0, 1000), Marked, nil},
 			{idleMark(2, NoWatermark, 0), Marked, []string{"0/0"}},
+		}},
+		{"a lease that runs out puts its source back in the order", 2, []step{
+			{at(hop(0, 0, 100, 100), 1000), Accepted, nil},
+			{at(leased(1, 100, 1, 500), 1100), Marked, nil}, // held to the clock's 1600; F = 100
+			{at(hop(0, 1, 200, 200), 1200), Accepted, []string{"0/0"}},
+			{at(hop(0, 2, 300, 300), 1600), Accepted, []string{"0/1"}}, // 1600: the lease still holds
+			{at(hop(0, 3, 400, 400), 1601), Accepted, nil},             // it has run out: source 1 holds F at 300
+			{at(hop(1, 1, 350, 350), 1700), Accepted, []string{"0/2"}}, // in order, not late
+			{at(mark(1, 500), 1800), Marked, []string{"1/1"}},
+		}},
+		{"a renewal extends the lease, an old owner's does not", 2, []step{
+			{at(epochHop(hop(1, 0, 100, 100), 2), 1000), Accepted, nil},
+			{at(leased(1, 100, 2, 500), 1000), Marked, nil}, // to 1500; source 0 not heard yet
+			{at(hop(0, 0, 200, 200), 1400), Accepted, []string{"1/0"}},
+			{at(leased(1, 100, 1, 500), 1450), StaleIdle, nil}, // epoch 1: the lease stays 1500
+			{at(leased(1, 100, 2, 500), 1500), Marked, nil},    // renewed to 2000
+			{at(hop(0, 1, 300, 300), 1900), Accepted, []string{"0/0"}},
+			{at(hop(0, 2, 400, 400), 2001), Accepted, nil}, // run out: F stays at 300
+			{at(leased(1, 100, 2, 500), 2100), Marked, []string{"0/1"}},
+		}},
+		{"no timestamp, no clock: a lease read before any holds until the source sends anything", 2, []step{
+			{leased(0, 100, 0, 10), Marked, nil},
+			{at(hop(1, 0, 100, 100), 5000), Accepted, nil},
+			{at(mark(1, 200), 1_000_000), Marked, []string{"1/0"}},
+			{at(hop(1, 1, 300, 300), 2_000_000), Accepted, nil},
+			{at(mark(1, 400), 3_000_000), Marked, []string{"1/1"}},
+		}},
+		{"everything idle, then a lost owner holds the burst back", 2, []step{
+			{at(hop(0, 0, 100, 100), 1000), Accepted, nil},
+			{at(hop(1, 0, 100, 100), 1000), Accepted, nil},
+			{at(leased(0, 100, 1, 1000), 3000), Marked, nil},
+			{at(leased(1, 100, 1, 1000), 3000), Marked, []string{"0/0", "1/0"}}, // F = 101
+			{at(leased(0, 100, 1, 1000), 3500), Marked, nil},                    // source 1's owner is lost
+			{at(leased(0, 100, 1, 1000), 4000), Marked, nil},                    // 4000: source 1's lease holds
+			{at(mark(0, 100), 4100), Marked, nil},                               // source 0 wakes; source 1's lease has run out
+			{at(hop(0, 1, 4000, 4000), 4100), Accepted, nil},                    // F stays 101
+			{at(epochHop(mark(1, 100), 2), 9000), Marked, nil},                  // the new owner
+			{at(epochHop(hop(1, 1, 4050, 100), 2), 9000), Accepted, nil},        // read late, yet in order
+			{at(epochHop(mark(1, 5000), 2), 9100), Marked, nil},                 // F = 4000
+			{at(mark(0, 5000), 9100), Marked, []string{"0/1", "1/1"}},
 		}},
 		{"counted keys above the watermark go once the watermark passes them", 2, []step{
 			{hop(0, 0, 100, 10), Accepted, nil},

@@ -135,14 +135,18 @@ func TestIdleRuleAccounting(t *testing.T) {
 	if testing.Short() {
 		seeds, interleavings = 4, 6
 	}
-	lateTotal := 0
+	lateTotal, expiredTotal := 0, 0
 	for seed := range seeds {
 		r := rand.New(rand.NewPCG(uint64(seed), 2727))
-		opt := simOptions{sources: 2 + r.IntN(5), offsets: 150 + r.IntN(250), crashes: r.IntN(3), flushes: true, idle: true, duplicates: r.IntN(10)}
+		// Odd seeds lease their idle declarations, and stamp the records.
+		opt := simOptions{sources: 2 + r.IntN(5), offsets: 150 + r.IntN(250), crashes: r.IntN(3), flushes: true, idle: true, leases: seed%2 == 1, duplicates: r.IntN(10)}
 		logs := simulate(r, opt)
 		unique := reference(logs)
 		for k := range interleavings {
 			recs := interleave(r, logs)
+			if opt.leases {
+				recs = stamp(r, recs)
+			}
 			got, verdicts := run(t, r, opt.sources, recs, nil)
 
 			ref := newRefMerger(opt.sources)
@@ -150,6 +154,10 @@ func TestIdleRuleAccounting(t *testing.T) {
 				if v := ref.offer(&recs[i]); v != verdicts[i] {
 					t.Fatalf("seed %d interleaving %d, record %d %+v: verdict %v, the unbounded reference says %v", seed, k, i, recs[i], verdicts[i], v)
 				}
+			}
+			expiredTotal += ref.expired
+			if !opt.leases && ref.expired > 0 {
+				t.Fatalf("seed %d: %d leases ran out with no lease", seed, ref.expired)
 			}
 
 			for i := 1; i < len(got); i++ {
@@ -185,8 +193,8 @@ func TestIdleRuleAccounting(t *testing.T) {
 			diffEvents(t, "same interleaving, restored", again, got)
 		}
 	}
-	if lateTotal == 0 {
-		t.Fatal("no event was late after idle in any interleaving: the test does not reach the rule")
+	if lateTotal == 0 || expiredTotal == 0 {
+		t.Fatalf("%d events late after idle, %d leases run out: the test does not reach the rules", lateTotal, expiredTotal)
 	}
-	t.Logf("%d late-after-idle verdicts", lateTotal)
+	t.Logf("%d late-after-idle verdicts, %d leases run out", lateTotal, expiredTotal)
 }

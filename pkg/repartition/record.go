@@ -85,8 +85,22 @@ type Record struct {
 	Epoch     uint64
 	Watermark int64
 	Idle      bool // markers only: the source partition's input has been idle for the idle timeout
-	Event          // Source is set for markers too; the rest only for events
+	// Lease is, on an idle marker, how long the declaration holds without being
+	// renewed, in milliseconds of the repartition partition's record timestamps
+	// (LogTime): a source whose owner is lost stops renewing, and the second stage
+	// counts it in its order again once the other sources' records show the lease
+	// has run out. 0: the declaration holds until the source sends anything else
+	// (replay's end of input, and the idle markers written before leases).
+	Lease int64
+	// LogTime is the Kafka timestamp of the record that carried this value (Unix
+	// ms; 0 or less: none). It is not part of the value: the second stage sets it
+	// after Decode, and the Merger's clock is the largest seen.
+	LogTime int64
+	Event   // Source is set for markers too; the rest only for events
 }
+
+// MaxLease bounds Record.Lease: a day.
+const MaxLease = 24 * 60 * 60 * 1000
 
 // EventWatermark is the watermark a hop event carries: min(its event time, the
 // source stage's watermark). The first stage (pkg/pipeline) hops an event when its
@@ -114,6 +128,7 @@ var (
 	ErrTopic      = errors.New("repartition: topic too long or not UTF-8")
 	ErrExtWords   = errors.New("repartition: too many feature words")
 	ErrMarkerFlag = errors.New("repartition: unknown marker flag")
+	ErrLease      = errors.New("repartition: lease on a marker that is not idle, or out of 1..MaxLease ms")
 )
 
 // DecodeError is a refused record value: which rule, at which byte.
@@ -125,7 +140,12 @@ type DecodeError struct {
 func (e *DecodeError) Error() string { return e.Err.Error() + " at byte " + strconv.Itoa(e.At) }
 func (e *DecodeError) Unwrap() error { return e.Err }
 
-const markerIdle = 1 // marker flag bit 0
+// Marker flags. A lease follows the flags byte only when markerLeased is set, and
+// only an idle marker has one.
+const (
+	markerIdle   = 1 // bit 0
+	markerLeased = 2 // bit 1: a uvarint lease in ms follows
+)
 
 // minInt64Bits is math.MinInt64's two's-complement bits: uint64(t) − minInt64Bits is
 // the distance from math.MinInt64 up to t.
@@ -138,7 +158,8 @@ const minInt64Bits = uint64(1) << 63
 //	        uvarint event_time − watermark, varint amount,
 //	        string topic, string key, string event_id,
 //	        uvarint n, n × u64 little-endian feature words
-//	marker: uvarint epoch, uvarint source, varint watermark, u8 flags (bit 0: idle)
+//	marker: uvarint epoch, uvarint source, varint watermark, u8 flags (bit 0: idle,
+//	        bit 1: leased), then with bit 1 a uvarint lease in ms
 //
 // varint is zigzag, as in Avro; string is a uvarint length and the bytes. Encoding
 // is canonical (one value, one byte string) and does not allocate when dst has room.
@@ -168,6 +189,9 @@ func AppendRecord(dst []byte, r *Record) ([]byte, error) {
 		}
 		return dst, nil
 	case KindMarker:
+		if r.Lease != 0 && (!r.Idle || r.Lease < 0 || r.Lease > MaxLease) {
+			return dst, ErrLease
+		}
 		dst = append(dst, RecordVersion, byte(KindMarker))
 		dst = binary.AppendUvarint(dst, r.Epoch)
 		dst = binary.AppendUvarint(dst, uint64(r.Source))
@@ -175,6 +199,10 @@ func AppendRecord(dst []byte, r *Record) ([]byte, error) {
 		var flags byte
 		if r.Idle {
 			flags |= markerIdle
+		}
+		if r.Lease != 0 {
+			flags |= markerLeased
+			return binary.AppendUvarint(append(dst, flags), uint64(r.Lease)), nil
 		}
 		return append(dst, flags), nil
 	}
@@ -315,11 +343,21 @@ func (d *Decoder) Decode(b []byte, r *Record) error {
 				return &DecodeError{ErrTruncated, rd.i}
 			}
 			flags := b[rd.i]
-			if flags&^markerIdle != 0 {
+			if flags&^(markerIdle|markerLeased) != 0 {
 				return &DecodeError{ErrMarkerFlag, rd.i}
 			}
 			r.Idle = flags&markerIdle != 0
 			rd.i++
+			if flags&markerLeased != 0 {
+				if !r.Idle {
+					return &DecodeError{ErrLease, rd.i - 1}
+				}
+				lease := rd.uvarint()
+				if rd.err == nil && (lease == 0 || lease > MaxLease) {
+					return &DecodeError{ErrLease, rd.i}
+				}
+				r.Lease = int64(lease)
+			}
 		}
 		r.Ext = ext
 	default:

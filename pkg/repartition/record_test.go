@@ -33,6 +33,8 @@ func TestRecordRoundTrip(t *testing.T) {
 		{"event with the longest fields", Record{Kind: KindEvent, Epoch: math.MaxUint64, Watermark: 0, Event: Event{Source: math.MaxInt32, Offset: math.MaxInt64, Topic: strings.Repeat("t", MaxTopicBytes), Key: strings.Repeat("k", MaxKeyBytes), EventID: strings.Repeat("e", MaxEventIDBytes)}}},
 		{"marker", Record{Kind: KindMarker, Epoch: 2, Watermark: 1_700_000_000_000, Event: Event{Source: 11}}},
 		{"idle marker", Record{Kind: KindMarker, Watermark: NoWatermark, Idle: true, Event: Event{Source: 0}}},
+		{"leased idle marker", Record{Kind: KindMarker, Epoch: 7, Watermark: 1_700_000_000_000, Idle: true, Lease: 1000, Event: Event{Source: 3}}},
+		{"the longest lease", Record{Kind: KindMarker, Watermark: -5, Idle: true, Lease: MaxLease, Event: Event{Source: 3}}},
 		{"end-of-stream marker", Record{Kind: KindMarker, Watermark: math.MaxInt64, Event: Event{Source: 1}}},
 	}
 	var d Decoder
@@ -97,6 +99,9 @@ func TestRecordRefused(t *testing.T) {
 		{"topic not UTF-8", with(func(r *Record) { r.Topic = "a\xc0" }), ErrTopic},
 		{"too many words", with(func(r *Record) { r.Ext = make([]uint64, MaxExtWords+1) }), ErrExtWords},
 		{"unknown kind", with(func(r *Record) { r.Kind = 3 }), ErrKind},
+		{"lease on a marker that is not idle", Record{Kind: KindMarker, Lease: 1}, ErrLease},
+		{"negative lease", Record{Kind: KindMarker, Idle: true, Lease: -1}, ErrLease},
+		{"lease above MaxLease", Record{Kind: KindMarker, Idle: true, Lease: MaxLease + 1}, ErrLease},
 	}
 	for _, c := range encodeCases {
 		t.Run("encode/"+c.name, func(t *testing.T) {
@@ -129,7 +134,12 @@ func TestRecordRefused(t *testing.T) {
 		{"trailing byte", append(append([]byte(nil), goodBytes...), 0), ErrTrailing},
 		{"overlong varint", []byte{1, 1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f}, ErrVarint},
 		{"source above int32", []byte{1, 2, 0, 0x80, 0x80, 0x80, 0x80, 0x08, 0, 0}, ErrSource},
-		{"marker flag 2", []byte{1, 2, 0, 0, 0, 2}, ErrMarkerFlag},
+		{"marker flag 4", []byte{1, 2, 0, 0, 0, 4}, ErrMarkerFlag},
+		{"lease without idle", []byte{1, 2, 0, 0, 0, 2, 1}, ErrLease},
+		{"lease 0", []byte{1, 2, 0, 0, 0, 3, 0}, ErrLease},
+		{"lease above MaxLease", []byte{1, 2, 0, 0, 0, 3, 0x81, 0xb8, 0x99, 0x29}, ErrLease},
+		{"lease missing", []byte{1, 2, 0, 0, 0, 3}, ErrTruncated},
+		{"lease non-minimal", []byte{1, 2, 0, 0, 0, 3, 0x81, 0x00}, ErrVarint},
 		{"marker without flags", []byte{1, 2, 0, 0, 0}, ErrTruncated},
 		{"watermark below MinInt64", []byte{1, 1, 0, 0, 0, 1, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01}, ErrWatermark},
 	}

@@ -79,6 +79,7 @@ type owner struct {
 	out      []Record
 	batch    []watermark.Event
 	markProb int // percent of releases followed by a marker
+	leases   bool
 }
 
 func newOwner(p int32, epoch uint64, cp *checkpoint, markProb int) *owner {
@@ -141,7 +142,11 @@ func (o *owner) flush(r *rand.Rand, in []simInput, idle bool) {
 	o.batch = o.st.FlushAll(o.batch[:0])
 	o.emit(r, in)
 	if idle {
-		o.out = append(o.out, Record{Kind: KindMarker, Epoch: o.epoch, Watermark: o.stageWM(), Idle: true, Event: Event{Source: o.p}})
+		var lease int64
+		if o.leases {
+			lease = 1 + r.Int64N(10)
+		}
+		o.out = append(o.out, Record{Kind: KindMarker, Epoch: o.epoch, Watermark: o.stageWM(), Idle: true, Lease: lease, Event: Event{Source: o.p}})
 	}
 }
 
@@ -151,6 +156,7 @@ type simOptions struct {
 	crashes    int  // restarts from an older checkpoint, each with a zombie
 	flushes    bool // the source's idle rule releases mid-stream
 	idle       bool // ... and declares the partition idle in a marker
+	leases     bool // ... with a lease (then stamp the interleaving)
 	duplicates int  // percent of records repeated later in their source's log
 }
 
@@ -162,6 +168,7 @@ func simulate(r *rand.Rand, o simOptions) [][]Record {
 		in := genInput(r, p, o.offsets)
 		markProb := 10 + r.IntN(80)
 		cur := newOwner(int32(p), 1, nil, markProb)
+		cur.leases = o.leases
 		var cps []checkpoint
 		var log []Record
 		crashAt := make([]int, o.crashes)
@@ -183,6 +190,7 @@ func simulate(r *rand.Rand, o simOptions) [][]Record {
 				// necessarily the newest (a damaged newest falls back to .prev).
 				cp := cps[max(0, len(cps)-1-r.IntN(3))]
 				next := newOwner(int32(p), cur.epoch+1, &cp, markProb)
+				next.leases = o.leases
 				zombie := cur
 				log = append(log, zombie.out...)
 				zombie.out = nil
@@ -270,6 +278,18 @@ func interleave(r *rand.Rand, logs [][]Record) []Record {
 	}
 }
 
+// stamp gives an interleaving's records timestamps (Record.LogTime): their position,
+// give or take a few, as producers' clocks that disagree a little; now and then none.
+func stamp(r *rand.Rand, recs []Record) []Record {
+	for i := range recs {
+		recs[i].LogTime = 2*int64(i) + 1 + r.Int64N(5)
+		if r.IntN(50) == 0 {
+			recs[i].LogTime = 0
+		}
+	}
+	return recs
+}
+
 // reference is the sort the issue states: every unique (source, offset) event of the
 // logs in (event_time, source, offset) order. It shares no code with the Merger.
 func reference(logs [][]Record) []Event {
@@ -296,6 +316,9 @@ func reference(logs [][]Record) []Event {
 type refMerger struct {
 	wm       []int64
 	idle     []bool
+	lease    []int64 // with idle: the clock value the declaration holds to (math.MaxInt64: no lease)
+	clock    int64
+	expired  int
 	epoch    []uint64
 	F        int64
 	received map[[2]int64]bool
@@ -303,7 +326,7 @@ type refMerger struct {
 }
 
 func newRefMerger(n int) *refMerger {
-	m := &refMerger{wm: make([]int64, n), idle: make([]bool, n), epoch: make([]uint64, n), F: NoWatermark, received: map[[2]int64]bool{}}
+	m := &refMerger{wm: make([]int64, n), idle: make([]bool, n), lease: make([]int64, n), clock: math.MinInt64, epoch: make([]uint64, n), F: NoWatermark, received: map[[2]int64]bool{}}
 	for i := range m.wm {
 		m.wm[i] = NoWatermark
 	}
@@ -313,6 +336,16 @@ func newRefMerger(n int) *refMerger {
 func (m *refMerger) offer(r *Record) Verdict {
 	p := r.Source
 	v := Marked
+	if r.LogTime > 0 && r.LogTime > m.clock {
+		m.clock = r.LogTime
+		for i := range m.idle {
+			if m.idle[i] && m.lease[i] < m.clock {
+				m.idle[i] = false
+				m.expired++
+			}
+		}
+		m.frontier()
+	}
 	switch {
 	case r.Kind == KindEvent:
 		k := [2]int64{int64(p), r.Offset}
@@ -333,11 +366,20 @@ func (m *refMerger) offer(r *Record) Verdict {
 		m.idle[p] = false
 	case r.Epoch >= m.epoch[p]:
 		m.idle[p] = true
+		m.lease[p] = math.MaxInt64
+		if r.Lease > 0 && m.clock != math.MinInt64 {
+			m.lease[p] = m.clock + r.Lease
+		}
 	default:
 		v = StaleIdle
 	}
 	m.epoch[p] = max(m.epoch[p], r.Epoch)
 	m.wm[p] = max(m.wm[p], r.Watermark)
+	m.frontier()
+	return v
+}
+
+func (m *refMerger) frontier() {
 	cand, active := int64(math.MaxInt64), false
 	for i := range m.wm {
 		if !m.idle[i] {
@@ -351,7 +393,6 @@ func (m *refMerger) offer(r *Record) Verdict {
 		}
 	}
 	m.F = max(m.F, cand)
-	return v
 }
 
 func (m *refMerger) ready() []Event {

@@ -9,13 +9,17 @@ import (
 	"unicode/utf8"
 )
 
-// Snapshot image, version 1 (varint is zigzag, string a uvarint length and bytes):
+// Snapshot image, versions 1 and 2 (varint is zigzag, string a uvarint length and
+// bytes):
 //
-//	"VRPM", u8 version (1)
+//	"VRPM", u8 version (1: the clock is NoClock; 2: it is not)
 //	uvarint sources, uvarint ext words, varint F
+//	version 2: varint clock
 //	uvarint topic count, each topic a string, in the order of first use below
 //	per source, in partition order:
-//	  varint watermark, uvarint epoch, u8 idle (0 or 1)
+//	  varint watermark, uvarint epoch,
+//	  u8 idle: 0 not idle, 1 idle without a lease, 2 (version 2) idle with a lease,
+//	    then varint lease end (at least the clock, below math.MaxInt64)
 //	  uvarint pending count, each in (t, offset) order:
 //	    varint t, uvarint offset, varint amount, uvarint topic index,
 //	    string key, string event id, ext words × u64 little-endian
@@ -27,8 +31,10 @@ import (
 // entries. Every field is written in one canonical way and Restore refuses anything
 // else, so Restore(b) followed by AppendSnapshot gives back b.
 const (
-	snapMagic   = "VRPM"
-	snapVersion = 1
+	snapMagic = "VRPM"
+	// snapVersion is the newest version; a Merger whose clock is NoClock (replay,
+	// and every Merger before leases) writes version 1, which older builds read.
+	snapVersion = 2
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -43,10 +49,17 @@ var ErrSnapshot = errors.New("repartition: bad merger snapshot")
 func (m *Merger) AppendSnapshot(dst []byte) []byte {
 	start := len(dst)
 	dst = append(dst, snapMagic...)
-	dst = append(dst, snapVersion)
+	if m.clock == NoClock {
+		dst = append(dst, 1)
+	} else {
+		dst = append(dst, snapVersion)
+	}
 	dst = binary.AppendUvarint(dst, uint64(len(m.src)))
 	dst = binary.AppendUvarint(dst, uint64(m.n))
 	dst = binary.AppendVarint(dst, m.F)
+	if m.clock != NoClock {
+		dst = binary.AppendVarint(dst, m.clock)
+	}
 	topics := m.topicTable()
 	dst = binary.AppendUvarint(dst, uint64(len(topics)))
 	for _, t := range topics {
@@ -56,7 +69,15 @@ func (m *Merger) AppendSnapshot(dst []byte) []byte {
 		s := &m.src[i]
 		dst = binary.AppendVarint(dst, s.wm)
 		dst = binary.AppendUvarint(dst, s.epoch)
-		dst = append(dst, boolByte(s.idle))
+		switch {
+		case !s.idle:
+			dst = append(dst, 0)
+		case s.lease == noLease:
+			dst = append(dst, 1)
+		default:
+			dst = append(dst, 2)
+			dst = binary.AppendVarint(dst, s.lease)
+		}
 		dst = binary.AppendUvarint(dst, uint64(s.pending()))
 		s.each(m.n, func(e *entry, ext []uint64) {
 			dst = binary.AppendVarint(dst, e.t)
@@ -101,13 +122,6 @@ func indexOf(list []string, s string) int {
 	return -1
 }
 
-func boolByte(b bool) byte {
-	if b {
-		return 1
-	}
-	return 0
-}
-
 // Restore rebuilds a Merger from an AppendSnapshot image made with the same Config.
 // It refuses, with an error wrapping ErrSnapshot, anything it cannot fully validate:
 // a checksum mismatch, another version or Config, a non-canonical field, events out
@@ -123,8 +137,9 @@ func Restore(cfg Config, data []byte) (*Merger, error) {
 	if len(data) < len(snapMagic)+1+4 || string(data[:len(snapMagic)]) != snapMagic {
 		return nil, bad("not a merger snapshot")
 	}
-	if v := data[len(snapMagic)]; v != snapVersion {
-		return nil, bad("version %d, this build reads %d", v, snapVersion)
+	version := data[len(snapMagic)]
+	if version != 1 && version != snapVersion {
+		return nil, bad("version %d, this build reads 1 and %d", version, snapVersion)
 	}
 	body := data[:len(data)-4]
 	if got, want := crc32.Checksum(body, castagnoli), binary.LittleEndian.Uint32(data[len(body):]); got != want {
@@ -139,6 +154,11 @@ func Restore(cfg Config, data []byte) (*Merger, error) {
 	}
 	m, _ := New(cfg)
 	m.F = rd.varint()
+	if version >= 2 {
+		if m.clock = rd.varint(); rd.err == nil && m.clock == NoClock {
+			return nil, bad("version %d with no clock (version 1 is the canonical form)", version)
+		}
+	}
 	nt := rd.uvarint()
 	if rd.err == nil && nt > uint64(len(body)-rd.i) {
 		return nil, bad("%d topics in %d bytes", nt, len(body)-rd.i)
@@ -167,11 +187,22 @@ func Restore(cfg Config, data []byte) (*Merger, error) {
 		if rd.err != nil {
 			break
 		}
-		if rd.i >= len(body) || body[rd.i] > 1 {
-			return nil, bad("source %d: idle flag not 0 or 1", p)
+		if rd.i >= len(body) || body[rd.i] > 2 || body[rd.i] == 2 && version < 2 {
+			return nil, bad("source %d: idle flag %d", p, body[min(rd.i, len(body)-1)])
 		}
-		s.idle = body[rd.i] == 1
+		s.idle = body[rd.i] != 0
+		leased := body[rd.i] == 2
 		rd.i++
+		if leased {
+			s.lease = rd.varint()
+			if rd.err != nil {
+				break
+			}
+			if s.lease < m.clock || s.lease == noLease {
+				return nil, bad("source %d: lease end %d before the clock %d, or reserved", p, s.lease, m.clock)
+			}
+			m.expiry = min(m.expiry, s.lease)
+		}
 		np := rd.uvarint()
 		if rd.err == nil && np > uint64((len(body)-rd.i)/minEntry) {
 			return nil, bad("source %d: %d pending events in %d bytes", p, np, len(body)-rd.i)

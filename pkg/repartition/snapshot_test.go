@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"hash/crc32"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -14,8 +15,8 @@ import (
 // markers and duplicates: every part of the state is non-empty somewhere along it.
 func snapshotStream(seed uint64) (int, []Record) {
 	r := rand.New(rand.NewPCG(seed, 99))
-	opt := simOptions{sources: 3, offsets: 200, crashes: 2, flushes: true, idle: true, duplicates: 10}
-	return opt.sources, interleave(r, simulate(r, opt))
+	opt := simOptions{sources: 3, offsets: 200, crashes: 2, flushes: true, idle: true, leases: true, duplicates: 10}
+	return opt.sources, stamp(r, interleave(r, simulate(r, opt)))
 }
 
 // TestSnapshotRestoreEveryPoint restores a snapshot taken after every record of a
@@ -35,7 +36,7 @@ func TestSnapshotRestoreEveryPoint(t *testing.T) {
 	snaps := make([][]byte, len(recs))
 	verdicts := make([]Verdict, len(recs))
 	releasedAfter := make([][]Event, len(recs)) // what Ready returns right after record i
-	sawRel, sawLate, sawIdle := false, false, false
+	sawRel, sawLate, sawIdle, sawLease := false, false, false, false
 	for i := range recs {
 		snaps[i] = m.AppendSnapshot(nil)
 		v, err := m.Offer(&recs[i])
@@ -51,11 +52,13 @@ func TestSnapshotRestoreEveryPoint(t *testing.T) {
 		for p := range m.src {
 			sawRel = sawRel || len(m.src[p].rel) > m.src[p].rh
 			sawIdle = sawIdle || m.src[p].idle
+			_, l := m.Lease(p)
+			sawLease = sawLease || l
 		}
 	}
 	final := m.AppendSnapshot(nil)
-	if !sawRel || !sawLate || !sawIdle {
-		t.Fatalf("the stream never reaches some state (counted keys %v, late %v, idle %v)", sawRel, sawLate, sawIdle)
+	if !sawRel || !sawLate || !sawIdle || !sawLease || m.Stats().Expired == 0 {
+		t.Fatalf("the stream never reaches some state (counted keys %v, late %v, idle %v, leased %v, %d leases run out)", sawRel, sawLate, sawIdle, sawLease, m.Stats().Expired)
 	}
 	for i := 0; i < len(recs); i += 1 + i/50 {
 		m2, err := Restore(cfg, snaps[i])
@@ -123,7 +126,7 @@ func TestRestoreRefuses(t *testing.T) {
 	flip := slices.Clone(good)
 	flip[len(flip)/2] ^= 0x40
 	version := slices.Clone(good)
-	version[4] = 2
+	version[4] = 3
 	cases := []struct {
 		name string
 		cfg  Config
@@ -132,7 +135,7 @@ func TestRestoreRefuses(t *testing.T) {
 		{"empty", cfg, nil},
 		{"not a snapshot", cfg, []byte("VRPX\x01abcd")},
 		{"a flipped bit", cfg, flip},
-		{"version 2", cfg, reseal(version)},
+		{"version 3", cfg, reseal(version)},
 		{"truncated", cfg, reseal(good[:len(good)-9])},
 		{"trailing byte", cfg, reseal(append(slices.Clone(good[:len(good)-4]), 0, 0, 0, 0, 0))},
 		{"other source count", Config{Sources: sources + 1, ExtWords: simExtWords}, good},
@@ -172,11 +175,48 @@ func TestRestoreRefuses(t *testing.T) {
 	if _, err := Restore(cfg1, valid); err != nil {
 		t.Fatalf("the hand-built base image is refused: %v", err)
 	}
+	// Version 2: the clock after F; an idle source with a lease.
+	img2 := func(clock int64, f func(b []byte) []byte) []byte {
+		b := []byte(snapMagic + "\x02")
+		b = binary.AppendUvarint(b, 1)
+		b = binary.AppendUvarint(b, 0)
+		b = binary.AppendVarint(b, 500)
+		b = binary.AppendVarint(b, clock)
+		return reseal(append(f(b), 0, 0, 0, 0))
+	}
+	leasedSrc := func(b []byte, lease int64) []byte {
+		b = src(append(b, 0), 100, 2) // no topics
+		b = binary.AppendVarint(b, lease)
+		return append(b, 0, 0) // nothing pending, nothing counted
+	}
+	valid2 := img2(1000, func(b []byte) []byte { return leasedSrc(b, 1000) })
+	if m, err := Restore(cfg1, valid2); err != nil {
+		t.Fatalf("the hand-built version 2 image is refused: %v", err)
+	} else if l, ok := m.Lease(0); !ok || l != 1000 || m.Clock() != 1000 {
+		t.Fatalf("restored lease %d (%v), clock %d; want 1000, 1000", l, ok, m.Clock())
+	} else if again := m.AppendSnapshot(nil); !bytes.Equal(again, valid2) {
+		t.Fatal("the version 2 image is not written back identically")
+	}
+	for _, c := range []struct {
+		name string
+		data []byte
+	}{
+		{"version 2 without a clock", img2(NoClock, func(b []byte) []byte { return append(src(append(b, 0), 100, 1), 0, 0) })},
+		{"lease before the clock", img2(1000, func(b []byte) []byte { return leasedSrc(b, 999) })},
+		{"lease reserved", img2(1000, func(b []byte) []byte { return leasedSrc(b, math.MaxInt64) })},
+		{"idle flag 3", img2(1000, func(b []byte) []byte { return append(src(append(b, 0), 100, 3), 0, 0) })},
+	} {
+		cases = append(cases, struct {
+			name string
+			cfg  Config
+			data []byte
+		}{c.name, cfg1, c.data})
+	}
 	for _, c := range []struct {
 		name string
 		f    func([]byte) []byte
 	}{
-		{"idle flag 2", func(b []byte) []byte { return append(src(oneTopic(b), 100, 2), 0, 0) }},
+		{"idle flag 2 in version 1", func(b []byte) []byte { return append(src(append(b, 0), 100, 2), 0, 0) }},
 		{"pending out of order", func(b []byte) []byte {
 			b = src(oneTopic(b), 100, 0)
 			b = binary.AppendUvarint(b, 2)

@@ -44,10 +44,25 @@ import (
 	"github.com/velocity-consumer/velocity-consumer/pkg/feature"
 	"github.com/velocity-consumer/velocity-consumer/pkg/metrics"
 	"github.com/velocity-consumer/velocity-consumer/pkg/pipeline"
+	"github.com/velocity-consumer/velocity-consumer/pkg/repartition"
 	"github.com/velocity-consumer/velocity-consumer/pkg/sink"
 	"github.com/velocity-consumer/velocity-consumer/pkg/watermark"
 	"github.com/velocity-consumer/velocity-consumer/pkg/window"
 )
+
+// IdleLease is how long a re-keyed group's first stage leases each declaration
+// that its input is idle (docs/repartition.md, the idle rule): the allowed
+// lateness, and at least a second. A lost owner stops renewing it, and once the
+// other partitions' hop records show it has run out, the partition holds the
+// group's frontier again. With event times that follow the clock, records that
+// reach the partition after its owner is lost are then still in order: the
+// frontier stops near where its owner last confirmed the input quiet, less the
+// allowed lateness, plus the lease. The floor keeps the renewals (a quarter of the
+// lease) from costing more than a few broker checks and, under exactly-once,
+// commits a second per idle partition.
+func IdleLease(allowedLateness time.Duration) time.Duration {
+	return min(max(allowedLateness, time.Second).Truncate(time.Millisecond), repartition.MaxLease*time.Millisecond)
+}
 
 // Config is the live service's configuration. cmd/velocity-consumer fills it
 // from flags and VELOCITY_* variables; tests fill it directly.
@@ -727,7 +742,7 @@ func (s *Service) processorConfig(p int32) pipeline.Config {
 		Late: s.cfg.Late, Decoder: s.dec, Features: s.cfg.Features,
 	}
 	if len(s.cfg.Hops) > 0 {
-		cfg.Hops = &pipeline.HopConfig{Groups: s.cfg.Hops, Partitions: s.inputPartitions}
+		cfg.Hops = &pipeline.HopConfig{Groups: s.cfg.Hops, Partitions: s.inputPartitions, IdleLease: IdleLease(time.Duration(s.cfg.Watermark.AllowedLateness) * time.Millisecond)}
 	}
 	if s.cfg.Merge != nil {
 		cfg.Merge = &pipeline.MergeConfig{Group: s.cfg.Merge.Name, Sources: int(s.inputPartitions)}

@@ -126,7 +126,7 @@ func (s *Service) warmUp(ctx context.Context, p int32, committed, idleFlushAt in
 			flushed = true
 		}
 		n++
-		proc.Process(pipeline.Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value}, discard)
+		proc.Process(pipeline.Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value, Timestamp: r.Timestamp.UnixMilli()}, discard)
 	}); err != nil {
 		return nil, fmt.Errorf("partition %d: warm-up read %d..%d: %w", p, from, committed, err)
 	}

@@ -321,12 +321,14 @@ func (w *worker) run() {
 				}
 				// A re-keyed group's first stage: its watermark to the second
 				// stages, and the idle verdict.
-				idle := w.proc.IdleDeclared()
-				w.proc.HopMarkers(verdict, w.emitFn)
-				w.updatePressure()
-				if !idle && w.proc.IdleDeclared() && w.txn != nil {
-					lastCheckpoint = time.Time{} // commit the idle markers now (see the wake-up above)
+				// Under exactly-once a declaration, and each renewal of its
+				// lease, is committed at once (see the wake-up above): until its
+				// markers are committed, the second stages wait for this
+				// partition, and a lease not renewed in time runs out.
+				if w.proc.HopMarkers(verdict, w.emitFn) && w.txn != nil {
+					lastCheckpoint = time.Time{}
 				}
+				w.updatePressure()
 			}
 			if time.Since(lastCheckpoint) >= w.s.cfg.CheckpointInterval && !w.bgBusy {
 				lastCheckpoint = time.Now()
@@ -511,7 +513,7 @@ func (w *worker) process(b batch) {
 		}
 		w.proc.Process(pipeline.Record{
 			Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
-			Key: r.Key, Value: r.Value, Arrival: arrival,
+			Key: r.Key, Value: r.Value, Arrival: arrival, Timestamp: r.Timestamp.UnixMilli(),
 		}, w.emitFn)
 		if w.flushAhead >= 0 && w.proc.Next() >= w.flushAhead {
 			w.repeatFlush() // where the previous owner's Next was when it released
@@ -682,7 +684,14 @@ func (w *worker) emit(o *pipeline.Output) {
 		w.tracker.Features(o.Key, o.Value, o.Arrival)
 	}
 	w.txnRecords++
-	w.dirty = true // the state changed even if no offset moved (an idle release)
+	if w.txn != nil || !o.Hop || o.SourceOffset >= 0 {
+		// The state changed even if no offset moved (an idle release). A hop
+		// marker alone changes no state (a new owner sends its markers again),
+		// so in the default mode an idle partition's lease renewals cost no
+		// snapshot; under exactly-once they must be committed, and a commit is
+		// a checkpoint.
+		w.dirty = true
+	}
 	if w.s.cfg.Observe != nil {
 		w.s.cfg.Observe(o)
 	}
@@ -754,6 +763,9 @@ func (w *worker) updateGroupCounters() {
 		}
 		if d := ms.StaleIdle - w.lastMerge.StaleIdle; d > 0 {
 			m.HopStaleIdle.WithLabelValues(g.Name).Add(float64(d))
+		}
+		if d := ms.IdleExpired - w.lastMerge.IdleExpired; d > 0 {
+			m.HopIdleExpired.WithLabelValues(g.Name).Add(float64(d))
 		}
 		w.lastMerge = ms
 	}
