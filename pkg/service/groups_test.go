@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -391,5 +392,83 @@ func TestSecondStageCommitsAnIntervalWithoutOutputs(t *testing.T) {
 				t.Fatalf("velocity_txn_partitions_lost_total = %v, want 0", n)
 			}
 		})
+	}
+}
+
+// countingStore is a memory store that counts its Saves.
+type countingStore struct {
+	*checkpoint.MemoryStore
+	saves atomic.Int64
+}
+
+func (s *countingStore) Save(ctx context.Context, key checkpoint.Key, snap checkpoint.Snapshot) error {
+	s.saves.Add(1)
+	return s.MemoryStore.Save(ctx, key, snap)
+}
+
+// TestExactlyOnceLeaseRenewalsCommitWithoutSnapshots: a quiet input partition of a
+// re-keyed group's first stage renews its idle declaration every quarter of its
+// lease (docs/repartition.md), and under exactly-once each renewal must be
+// committed to reach the second stages before the lease runs out. A renewal is
+// markers only, no state: it commits the last snapshot's offset again, and takes no
+// snapshot. Before commitMarkers each renewal was a full checkpoint, four snapshots
+// a second per quiet partition (a partition with a large state would write it that
+// often while it had nothing to do).
+func TestExactlyOnceLeaseRenewalsCommitWithoutSnapshots(t *testing.T) {
+	const partitions = 2
+	brokers := newCluster(t, partitions)
+	comp, specs := compileGroups(t)
+	repTopic := "__velocity-repartition-g-cur"
+	store := &countingStore{MemoryStore: checkpoint.NewMemoryStore()}
+	first := testConfig(t, brokers, store)
+	first.Specs, first.Features, first.Decoder = slices.Clone(specs[0].Spec.Windows), specs[0].Spec, comp.Decoder()
+	first.Hops = []pipeline.HopGroup{{Name: "cur", Topic: repTopic, Words: specs[1].Spec.Words()}}
+	first.Watermark = watermark.Config{AllowedLateness: 500, IdleTimeout: 300 * time.Millisecond} // a lease of 1 s
+	first.ExactlyOnce, first.CheckpointInterval = true, 4*time.Minute
+	st := streamtest.Generate(inTopic, 5, 200, partitions)
+	produce(t, brokers, st.Records)
+	startService(t, first)
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(repTopic), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var dec repartition.Decoder
+	var rec repartition.Record
+	// Idle markers per input partition, as one repartition partition sees them
+	// (every declaration and renewal goes to each).
+	idle := map[int32]int{}
+	var savesAtDeclaration int64
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for idle[0] < 8 || idle[1] < 8 {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("committed idle markers %v within a minute; want 8 a partition (a declaration and its renewals every 250 ms)", idle)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			if r.Partition != 0 {
+				return
+			}
+			if err := dec.Decode(r.Value, &rec); err != nil {
+				t.Fatalf("repartition record %d/%d: %v", r.Partition, r.Offset, err)
+			}
+			if rec.Kind == repartition.KindMarker && rec.Idle {
+				if rec.Lease != 1000 {
+					t.Fatalf("idle marker with lease %d ms; want 1000 (the allowed lateness, at least 1 s)", rec.Lease)
+				}
+				idle[rec.Source]++
+				if idle[0] >= 2 && idle[1] >= 2 && savesAtDeclaration == 0 {
+					// Both declared, and renewed once: the declarations'
+					// checkpoints are behind us.
+					savesAtDeclaration = store.saves.Load()
+				}
+			}
+		})
+	}
+	if n := store.saves.Load() - savesAtDeclaration; n > 0 {
+		t.Fatalf("%d snapshots saved while %v idle markers were committed; a renewal changes no state and needs none", n, idle)
 	}
 }

@@ -53,11 +53,14 @@ type worker struct {
 	// outputs of the records processed meanwhile go into the next one.
 	txn        *kgo.Client
 	txnRecords int
-	gate       *sink.Gate
-	in         chan batch
-	quit       chan bool // true: checkpoint before leaving
-	done       chan struct{}
-	queries    chan *ReadRequest // the query API's reads, served by run (query.go)
+	// markersOpen: the open transaction holds hop markers that no checkpoint
+	// has cut yet (exactly-once; commitMarkers).
+	markersOpen bool
+	gate        *sink.Gate
+	in          chan batch
+	quit        chan bool // true: checkpoint before leaving
+	done        chan struct{}
+	queries     chan *ReadRequest // the query API's reads, served by run (query.go)
 
 	wantPause atomic.Bool
 	// fetchPaused is whether the poll loop paused fetching for us (poll loop only).
@@ -684,13 +687,14 @@ func (w *worker) emit(o *pipeline.Output) {
 		w.tracker.Features(o.Key, o.Value, o.Arrival)
 	}
 	w.txnRecords++
-	if w.txn != nil || !o.Hop || o.SourceOffset >= 0 {
-		// The state changed even if no offset moved (an idle release). A hop
-		// marker alone changes no state (a new owner sends its markers again),
-		// so in the default mode an idle partition's lease renewals cost no
-		// snapshot; under exactly-once they must be committed, and a commit is
-		// a checkpoint.
-		w.dirty = true
+	if !o.Hop || o.SourceOffset >= 0 {
+		w.dirty = true // the state changed even if no offset moved (an idle release)
+	} else if w.txn != nil {
+		// A hop marker alone changes no state (a new owner sends its markers
+		// again), so an idle partition's lease renewals cost no snapshot: in
+		// the default mode nothing, under exactly-once a commit of the
+		// transaction that holds them (commitMarkers).
+		w.markersOpen = true
 	}
 	if w.s.cfg.Observe != nil {
 		w.s.cfg.Observe(o)
@@ -820,6 +824,9 @@ func (w *worker) updateGroupCounters() {
 // offset nor its snapshot moved, and its checkpoint age grew without bound.
 func (w *worker) checkpoint() error {
 	if !w.dirty {
+		if w.markersOpen {
+			return w.commitMarkers()
+		}
 		return w.catchUpCommit()
 	}
 	start := time.Now()
@@ -827,6 +834,39 @@ func (w *worker) checkpoint() error {
 	sw.snap.Step(math.MaxInt)
 	w.s.m.CheckpointPause.Observe(time.Since(start).Seconds())
 	return w.settle(w.persist(sw))
+}
+
+// commitMarkers commits, under exactly-once, an open transaction that holds hop
+// markers only (an idle declaration, a renewal of its lease, an owner's
+// announcement) while the state is the last committed snapshot's: markers are no
+// state, so the transaction commits that snapshot's offset and metadata again,
+// and no snapshot is taken. A quiet partition renews its lease every quarter of
+// it, and a snapshot each time would cost an idle partition more than a busy
+// one. It runs on the partition goroutine between batches, with no background
+// checkpoint in flight (both callers hold that), so nothing is emitted while it
+// waits and the gate has nothing to hold. With nothing committed by this owner
+// yet (savedNote), it takes a full checkpoint instead.
+func (w *worker) commitMarkers() error {
+	if w.savedNote == nil || w.committed != w.savedNext {
+		w.dirty = true
+		return w.checkpoint()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := w.tracker.Cut().Wait(ctx); err != nil {
+		w.s.m.ProduceErrors.Inc()
+		return fmt.Errorf("partition %d: flush of hop markers: %w", w.part, err)
+	}
+	if err := w.tracker.Err(); err != nil {
+		w.s.m.ProduceErrors.Inc()
+		return fmt.Errorf("partition %d: %w", w.part, err)
+	}
+	if err := w.commitTxn(ctx, w.savedNext, *w.savedNote, false); err != nil {
+		w.s.m.CommitErrors.Inc()
+		return fmt.Errorf("partition %d: exactly-once commit of hop markers at offset %d: %w", w.part, w.savedNext, err)
+	}
+	w.txnRecords, w.markersOpen, w.lastDurable = 0, false, time.Now()
+	return nil
 }
 
 // catchUpCommit commits the offset of the last durable snapshot when an
@@ -862,6 +902,9 @@ func (w *worker) commitLogged(ctx context.Context, next int64, note *checkpoint.
 // at a time; an interval that finds one still running is skipped.
 func (w *worker) checkpointInBackground() error {
 	if !w.dirty {
+		if w.markersOpen {
+			return w.commitMarkers()
+		}
 		return w.catchUpCommit()
 	}
 	if w.txn != nil && w.txnRecords == 0 {
@@ -899,8 +942,8 @@ func (w *worker) cut() *sweep {
 		w.gate.Hold()
 		w.txnRecords = 0
 	}
-	w.snapBuf = nil // owned by the snapshot until settle returns it
-	w.dirty = false
+	w.snapBuf = nil                       // owned by the snapshot until settle returns it
+	w.dirty, w.markersOpen = false, false // the transaction being committed holds them
 	return sw
 }
 
