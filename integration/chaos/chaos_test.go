@@ -466,13 +466,16 @@ type run struct {
 	stopPoll func()
 	// reg is a registry run's schema registry (nil: plain Avro).
 	reg *srtest.Server
+	// idleFrozen is closed when the last phase's idle freeze is over (nil:
+	// it had none).
+	idleFrozen chan struct{}
 }
 
 func runChaos(t *testing.T, c *kafkatest.PrivateCluster, bin string, v variant, seed uint64, env chaosEnv) {
 	nodes := c.Nodes
 	store := v.store
 	rks := v.rekeyedGroups(t)
-	sched := makeSchedule(seed, env.duration, planTimes{session: sessionTimeout, idle: idleTimeout, pauses: len(rks) == 0, idleKills: len(rks) == 0,
+	sched := makeSchedule(seed, env.duration, planTimes{session: sessionTimeout, idle: idleTimeout, pauses: len(rks) == 0, idleKills: len(rks) == 0, idleFreezes: true,
 		nodes: len(nodes), nodeSession: nodeSession, lateApply: len(rks) == 0, registry: true})
 	for i := range rks {
 		rks[i].out.wire = sched.Registry
@@ -602,6 +605,7 @@ func runChaos(t *testing.T, c *kafkatest.PrivateCluster, bin string, v variant, 
 	for i, p := range sched.Phases {
 		r.phase(i, p)
 	}
+	r.waitIdleFreeze(r.idleFrozen) // the last phase has none: addIdleFreezes
 	tl.logf("schedule done: %d records produced; faults: %v", r.prod.total, r.faults)
 	r.finale()
 	r.stopQueries()
@@ -868,6 +872,16 @@ func (r *run) phase(i int, p phase) {
 	} else {
 		idleKilled <- nil
 	}
+	// So does the idle freeze of a quiet phase, into the next phase, which
+	// waits for it at its end (waitIdleFreeze).
+	prev := r.idleFrozen
+	if p.IdleFreeze {
+		done := make(chan struct{})
+		r.idleFrozen = done
+		go func() { defer close(done); r.idleFreeze(p, begin) }()
+	} else {
+		r.idleFrozen = nil
+	}
 	if p.Fault != faultNone {
 		time.Sleep(time.Until(begin.Add(p.At)))
 		r.fault(p)
@@ -884,7 +898,49 @@ func (r *run) phase(i int, p phase) {
 		r.faults[faultIdleKill]++
 		r.lastFault = time.Now()
 	}
+	r.waitIdleFreeze(prev)
 	r.supervise()
+}
+
+// waitIdleFreeze waits for an idle freeze (nil: none) to end, and counts it.
+func (r *run) waitIdleFreeze(done chan struct{}) {
+	if done == nil {
+		return
+	}
+	<-done
+	r.faults[faultIdleFreeze]++
+	r.lastFault = time.Now()
+}
+
+// idleFreeze does a quiet phase's IdleFreeze: at the phase's start (begin, when
+// the input went quiet) + --idle-timeout + IdleFreezeAfter, SIGSTOP instance
+// IdleFreezeSlot of both groups, and SIGCONT it IdleFreezeDur later, within the
+// session timeout: it keeps its partitions, and the next phase's input begins
+// while it sleeps. An instance not running then, or frozen, is left alone.
+func (r *run) idleFreeze(p phase, begin time.Time) {
+	time.Sleep(time.Until(begin.Add(idleTimeout + p.IdleFreezeAfter)))
+	var frozen []*instance
+	for _, g := range r.groups {
+		in := g.inst[p.IdleFreezeSlot]
+		switch run, stopped := in.state(); {
+		case !run:
+			r.tl.logf("idle freeze: %s is not running; left alone", in.name)
+		case stopped:
+			r.tl.logf("idle freeze: %s is frozen; left alone", in.name)
+		default:
+			frozen = append(frozen, in)
+		}
+	}
+	r.tl.logf("idle freeze: SIGSTOP %s at %s, %s after the input went quiet, SIGCONT %s later",
+		names(frozen), time.Now().UTC().Format("15:04:05.000Z"), time.Since(begin).Round(time.Millisecond), p.IdleFreezeDur)
+	for _, in := range frozen {
+		in.signal(syscall.SIGSTOP)
+	}
+	time.Sleep(p.IdleFreezeDur)
+	for _, in := range frozen {
+		r.tl.logf("SIGCONT %s", in.name)
+		in.signal(syscall.SIGCONT)
+	}
 }
 
 // idleKill does p's IdleKill: once the burst's input has paused (paused) for

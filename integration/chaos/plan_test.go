@@ -27,12 +27,14 @@ const (
 	faultNetCut               // cut instance Slot's network path to the brokers (of a cluster: to the Nodes only, if any) at At, heal it Dur later (Dur > --session-timeout); its API stays reachable
 	faultRegistry             // a registry run only: take the schema registry down at At for Dur, and SIGKILL instance Slot 500 ms into it and start it again at once
 	// faultIdleKill is never a phase's Fault: it names, in the run's fault
-	// counts, a paused burst's IdleKill, which comes on top of its fault.
+	// counts, a paused burst's IdleKill, which comes on top of its fault;
+	// faultIdleFreeze, likewise, a quiet phase's IdleFreeze.
 	faultIdleKill
+	faultIdleFreeze
 )
 
 func (k faultKind) String() string {
-	return [...]string{"none", "sigkill", "sigstop", "scale-up", "scale-down", "broker-restart", "graceful-restart", "node-freeze", "rolling-restart", "net-cut", "registry-outage", "idle-kill"}[k]
+	return [...]string{"none", "sigkill", "sigstop", "scale-up", "scale-down", "broker-restart", "graceful-restart", "node-freeze", "rolling-restart", "net-cut", "registry-outage", "idle-kill", "idle-freeze"}[k]
 }
 
 // phase is one step of a schedule: a burst of input (Records > 0) or a quiet
@@ -70,6 +72,19 @@ type phase struct {
 	IdleKill                   bool
 	IdleKillSlot               int
 	IdleKillAfter, IdleKillDur time.Duration
+	// IdleFreeze, in a quiet phase: SIGSTOP instance IdleFreezeSlot (of both
+	// groups) IdleFreezeAfter past the phase's start + --idle-timeout, when its
+	// partitions have found their input quiet (a re-keyed group's first stage
+	// has declared it idle to the second stages), and SIGCONT it IdleFreezeDur
+	// later: longer than the declaration's lease (the allowed lateness, 1 s),
+	// shorter than the session timeout, so that it keeps its partitions. The
+	// next phase's input begins meanwhile, unread on the frozen instance's
+	// partitions; the other partitions must not carry a group's order past it
+	// (docs/repartition.md, the idle rule: the lease runs out). It comes on top
+	// of the phase's Fault, on another instance than that fault's.
+	IdleFreeze                     bool
+	IdleFreezeSlot                 int
+	IdleFreezeAfter, IdleFreezeDur time.Duration
 }
 
 func (p phase) String() string {
@@ -85,6 +100,10 @@ func (p phase) String() string {
 		}
 	} else {
 		fmt.Fprintf(&b, "quiet for %s", p.Length)
+		if p.IdleFreeze {
+			fmt.Fprintf(&b, ", idle freeze: SIGSTOP instance %d %s past the idle timeout (after its idle declarations), SIGCONT %s later (within the session)",
+				p.IdleFreezeSlot, p.IdleFreezeAfter, p.IdleFreezeDur)
+		}
 	}
 	switch p.Fault {
 	case faultNone:
@@ -183,6 +202,10 @@ type planTimes struct {
 	// pauses only; their draws come from a source of their own, so that the
 	// rest of a seed's schedule, its pauses included, is the same without.
 	idleKills bool
+	// idleFreezes: about one quiet phase in five also SIGSTOPs an instance
+	// past the idle timeout, within the session (phase.IdleFreeze), every
+	// variant; from a source of their own too.
+	idleFreezes bool
 	// nodes > 1: the broker is a cluster of that many nodes (replication
 	// factor 3, min.insync.replicas 2), whose session with the controller is
 	// nodeSession. A broker restart kills one node, or in one round in three
@@ -401,7 +424,64 @@ func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
 			s.Phases = append(s.Phases, p)
 		}
 	}
+	if pt.idleFreezes {
+		addIdleFreezes(&s, seed, pt)
+	}
 	return s
+}
+
+// addIdleFreezes gives half the quiet phases, other than the last, an
+// IdleFreeze if an instance can take it (about one in five in all). The freeze outlasts its phase into the next one, so its instance is
+// one that neither phase's fault touches: not the one a kill, freeze, cut or
+// registry fault takes, no instance but 0 while the group scales, none in a
+// graceful restart (which stops every instance); the next phase's idle kill
+// leaves a frozen instance alone. Its draws come from a source of their own.
+func addIdleFreezes(s *schedule, seed uint64, pt planTimes) {
+	frng := rand.New(rand.NewPCG(seed, 0x69646c65667a))
+	running := 1
+	for i := range s.Phases {
+		p := &s.Phases[i]
+		before := running
+		switch p.Fault {
+		case faultScaleUp:
+			running = 3
+		case faultScaleDown:
+			running = 1
+		}
+		if i+1 == len(s.Phases) || p.Records > 0 || frng.IntN(2) != 0 {
+			continue
+		}
+		next := &s.Phases[i+1]
+		var slots []int
+		for k := range min(before, running) {
+			ok := true
+			for _, q := range []*phase{p, next} {
+				switch q.Fault {
+				case faultGraceful:
+					ok = false
+				case faultScaleUp, faultScaleDown:
+					ok = ok && k == 0
+				case faultKill, faultFreeze, faultNetCut, faultRegistry:
+					ok = ok && k != q.Slot
+				}
+			}
+			if ok {
+				slots = append(slots, k)
+			}
+		}
+		if len(slots) == 0 {
+			continue
+		}
+		// After the declarations (a tick or two past the idle timeout from the
+		// last record, which came at most at the phase's start), and before the
+		// next phase begins, which it then does on a frozen instance.
+		hi := p.Length - pt.idle - 100*time.Millisecond
+		long := min(4500*time.Millisecond, pt.session-1500*time.Millisecond)
+		p.IdleFreeze = true
+		p.IdleFreezeSlot = slots[frng.IntN(len(slots))]
+		p.IdleFreezeAfter = 150*time.Millisecond + time.Duration(frng.Int64N(int64(hi-150*time.Millisecond)/1e6+1))*time.Millisecond
+		p.IdleFreezeDur = 1200*time.Millisecond + time.Duration(frng.Int64N(int64(long-1200*time.Millisecond)/1e6+1))*time.Millisecond
+	}
 }
 
 // length is the schedule's planned length (a broker restart and the
@@ -702,4 +782,71 @@ func TestChaosSchedule(t *testing.T) {
 	t.Logf("a one-round schedule plans %s:\n%s", one.length(), one)
 	t.Logf("a one-round schedule on a cluster of 3:\n%s", makeSchedule(1, 0, cp))
 	t.Logf("a one-round schedule with pauses and idle kills:\n%s", makeSchedule(4, 0, pp))
+}
+
+// TestIdleFreezes: about one quiet phase in five (never the last) freezes an
+// instance past the idle timeout, before the phase ends, for longer than the
+// idle declaration's lease and 1.5 s within the session timeout, never an
+// instance that its phase's or the next phase's fault touches; and the schedule
+// is otherwise the one it was without them.
+func TestIdleFreezes(t *testing.T) {
+	pt := planTimes{session: 6 * time.Second, idle: 2 * time.Second}
+	for _, base := range []planTimes{pt, {session: pt.session, idle: pt.idle, pauses: true, idleKills: true}} {
+		withFreezes := base
+		withFreezes.idleFreezes = true
+		quiet, freezes := 0, 0
+		for seed := uint64(1); seed <= 200; seed++ {
+			a, b := makeSchedule(seed, 3*time.Minute, withFreezes), makeSchedule(seed, 3*time.Minute, base)
+			if len(a.Phases) != len(b.Phases) {
+				t.Fatalf("seed %d: %d phases with idle freezes, %d without", seed, len(a.Phases), len(b.Phases))
+			}
+			running := 1
+			for i, p := range a.Phases {
+				before := running
+				switch p.Fault {
+				case faultScaleUp:
+					running = 3
+				case faultScaleDown:
+					running = 1
+				}
+				if p.Records == 0 && i+1 < len(a.Phases) {
+					quiet++
+				}
+				if p.IdleFreeze {
+					freezes++
+					if p.Records > 0 || i+1 == len(a.Phases) {
+						t.Fatalf("seed %d phase %d: %s: an idle freeze in a burst or the last phase", seed, i, p)
+					}
+					if p.IdleFreezeAfter < 150*time.Millisecond || pt.idle+p.IdleFreezeAfter > p.Length-100*time.Millisecond ||
+						p.IdleFreezeDur < 1200*time.Millisecond || p.IdleFreezeDur > pt.session-1500*time.Millisecond {
+						t.Fatalf("seed %d phase %d: %s: want the freeze 150 ms past the idle timeout, before the phase ends, 1.2 s to 1.5 s within the session", seed, i, p)
+					}
+					if p.IdleFreezeSlot < 0 || p.IdleFreezeSlot >= min(before, running) {
+						t.Fatalf("seed %d phase %d: %s: idle freeze of instance %d with %d running", seed, i, p, p.IdleFreezeSlot, min(before, running))
+					}
+					for _, q := range []phase{p, a.Phases[i+1]} {
+						switch q.Fault {
+						case faultGraceful:
+							t.Fatalf("seed %d phase %d: %s: an idle freeze beside a graceful restart", seed, i, p)
+						case faultScaleUp, faultScaleDown:
+							if p.IdleFreezeSlot != 0 {
+								t.Fatalf("seed %d phase %d: %s: an idle freeze of instance %d while the group scales", seed, i, p, p.IdleFreezeSlot)
+							}
+						case faultKill, faultFreeze, faultNetCut, faultRegistry:
+							if p.IdleFreezeSlot == q.Slot {
+								t.Fatalf("seed %d phase %d: %s: an idle freeze of the instance of %s", seed, i, p, q)
+							}
+						}
+					}
+				}
+				p.IdleFreeze, p.IdleFreezeSlot, p.IdleFreezeAfter, p.IdleFreezeDur = false, 0, 0, 0
+				if p != b.Phases[i] {
+					t.Fatalf("seed %d phase %d: %s with idle freezes, %s without", seed, i, a.Phases[i], b.Phases[i])
+				}
+			}
+		}
+		if freezes*8 < quiet || freezes*3 > quiet {
+			t.Errorf("%d of %d quiet phases with an idle freeze, want about a fifth", freezes, quiet)
+		}
+	}
 }
