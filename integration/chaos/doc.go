@@ -10,6 +10,7 @@
 // with duplicates, late, undecodable, invalid and oversized records mixed in)
 // separated by quiet periods longer than --idle-timeout, and, at seeded moments,
 // SIGKILL of a random instance, SIGSTOP past --session-timeout then SIGCONT, a
+// SIGSTOP within it once the input has been quiet past --idle-timeout, a
 // rebalance 1 → 3 → 1 of separate processes, a broker crash and restart, and a
 // graceful SIGTERM of every instance with a restart and no new input. Each
 // schedule runs for one checkpoint store (kafka, or a file:// directory per
