@@ -847,6 +847,9 @@ func (w *worker) checkpoint() error {
 // waits and the gate has nothing to hold. With nothing committed by this owner
 // yet (savedNote), it takes a full checkpoint instead.
 func (w *worker) commitMarkers() error {
+	if w.released.Load() {
+		return nil // the partition is going: as persist, commit nothing for it
+	}
 	if w.savedNote == nil || w.committed != w.savedNext {
 		w.dirty = true
 		return w.checkpoint()
