@@ -179,6 +179,32 @@ func testRekeyedGroups(t *testing.T, runExtra []string) {
 		}
 		t.Logf("group %s: %d rows, live = replay byte for byte", g.Name, rows)
 	}
+	// The repartition topics were created with the brokers' append time, the
+	// clock their second stages measure idle leases on (docs/repartition.md).
+	adm := kafkatest.Admin(t, addr)
+	for _, g := range specs {
+		if g.Name == ref.InPlace {
+			continue
+		}
+		topic := sink.RepartitionTopicPrefix + group + "-" + g.Name
+		rcs, err := adm.DescribeTopicConfigs(ctx, topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc, err := rcs.On(topic, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := ""
+		for _, c := range rc.Configs {
+			if c.Key == "message.timestamp.type" && c.Value != nil {
+				got = *c.Value
+			}
+		}
+		if got != "LogAppendTime" {
+			t.Errorf("%s: message.timestamp.type %q, want LogAppendTime", topic, got)
+		}
+	}
 	liveDead := readDeadTopic(t, readCtx, addr, liveDLQ, deadN, wantDefinition)
 	repDead := readDeadTopic(t, ctx, addr, repDLQ, deadN, wantDefinition)
 	if !mapsEqual(liveDead, repDead) {

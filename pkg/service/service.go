@@ -1399,7 +1399,7 @@ func (s *Service) checkTopics(ctx context.Context) error {
 	s.mu.Unlock()
 	topics := []sink.OutputTopic{{Flag: "--output-topic", Name: s.cfg.OutputTopic}, {Flag: "--dlq-topic", Name: s.cfg.DLQTopic}}
 	for _, g := range s.cfg.Hops {
-		topics = append(topics, sink.OutputTopic{Flag: "the repartition topic of group " + g.Name, Name: g.Topic, Exact: true})
+		topics = append(topics, sink.OutputTopic{Flag: "the repartition topic of group " + g.Name, Name: g.Topic, Exact: true, Configs: sink.RepartitionConfigs()})
 	}
 	if s.cfg.Merge != nil {
 		topics[0].Flag = "the output topic of group " + s.cfg.Merge.Name + " (--group-topic)"

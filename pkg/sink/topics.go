@@ -17,6 +17,17 @@ type OutputTopic struct {
 	// a repartition topic, whose partitions are the second stages' (one per input
 	// partition), where a different count would move keys between them.
 	Exact bool
+	// Configs are the topic configs a topic created here gets (an existing
+	// topic's are left as they are).
+	Configs map[string]*string
+}
+
+// RepartitionConfigs are a repartition topic's configs: its records carry the
+// broker's append time, the clock a second stage measures idle leases on
+// (docs/repartition.md), so that the instances' own clocks do not enter it.
+func RepartitionConfigs() map[string]*string {
+	lat := "LogAppendTime"
+	return map[string]*string{"message.timestamp.type": &lat}
 }
 
 // EnsureTopics creates each of topics that does not exist yet, with the given
@@ -49,7 +60,7 @@ func EnsureTopics(ctx context.Context, adm *kadm.Client, partitions int32, topic
 			}
 			continue
 		}
-		resp, err := adm.CreateTopic(ctx, max(partitions, 1), -1, nil, t.Name)
+		resp, err := adm.CreateTopic(ctx, max(partitions, 1), -1, t.Configs, t.Name)
 		if err == nil {
 			err = resp.Err
 		}

@@ -8,6 +8,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 func TestEnsureTopics(t *testing.T) {
@@ -52,5 +53,48 @@ func TestEnsureTopics(t *testing.T) {
 	}
 	if _, err := EnsureTopics(ctx, adm, 2, OutputTopic{Flag: "repartition", Name: "exists", Exact: true}); err != nil {
 		t.Fatalf("existing repartition topic with the input's count: %v", err)
+	}
+}
+
+// TestEnsureTopicsConfigs: a topic created here gets its Configs (a repartition
+// topic's records then carry the broker's append time); an existing one keeps its own.
+func TestEnsureTopicsConfigs(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "exists"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	ctx := context.Background()
+	if _, err := EnsureTopics(ctx, adm, 2,
+		OutputTopic{Flag: "repartition", Name: "rp", Exact: true, Configs: RepartitionConfigs()},
+		OutputTopic{Flag: "repartition", Name: "exists", Exact: true, Configs: RepartitionConfigs()}); err != nil {
+		t.Fatal(err)
+	}
+	rcs, err := adm.DescribeTopicConfigs(ctx, "rp", "exists")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []struct {
+		topic, value string
+	}{{"rp", "LogAppendTime"}, {"exists", ""}} {
+		rc, err := rcs.On(want.topic, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := ""
+		for _, c := range rc.Configs {
+			if c.Key == "message.timestamp.type" && c.Source == kmsg.ConfigSourceDynamicTopicConfig && c.Value != nil {
+				got = *c.Value
+			}
+		}
+		if got != want.value {
+			t.Errorf("%s: message.timestamp.type set to %q, want %q", want.topic, got, want.value)
+		}
 	}
 }
