@@ -162,18 +162,33 @@ func newInstance(t *testing.T, bin, name string, args []string) *instance {
 
 // logDir is where the instances' logs go: t.TempDir, which is removed after
 // the test, unless VELOCITY_TEST_LOGS names a directory to keep them in (for
-// chasing a rare failure: run the test in a loop with it set).
+// chasing a rare failure: run the test in a loop with it set). Each run of a
+// test gets a directory of its own there (its name, then a unique suffix),
+// shared by its instances: logs are appended to, and the tests read them
+// back (the metrics address, counts of log lines), so a run of the loop must
+// not see an earlier run's.
 func logDir(t *testing.T) string {
 	root := os.Getenv("VELOCITY_TEST_LOGS")
 	if root == "" {
 		return t.TempDir()
 	}
-	dir := filepath.Join(root, strings.ReplaceAll(t.Name(), "/", "_"))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if dir, ok := logDirs.Load(t); ok {
+		return dir.(string)
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	dir, err := os.MkdirTemp(root, strings.ReplaceAll(t.Name(), "/", "_")+".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	logDirs.Store(t, dir)
+	t.Cleanup(func() { logDirs.Delete(t) })
 	return dir
 }
+
+// logDirs is each running test's directory under VELOCITY_TEST_LOGS.
+var logDirs sync.Map // *testing.T → string
 
 func (in *instance) start() {
 	in.t.Helper()

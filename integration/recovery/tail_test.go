@@ -10,6 +10,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/velocity-consumer/velocity-consumer/integration/kafkatest"
 )
 
 // TestQuietPartitionTailIsCommitted is the smallest reproduction of the
@@ -43,16 +47,24 @@ func TestQuietPartitionTailIsCommitted(t *testing.T) {
 		if err := waitCommitted(ctx, adm, sc.group, input, ends); err != nil {
 			t.Fatalf("%v; end of its log:\n%s", err, tailLog(in.logs, 15))
 		}
-		// A checkpoint interval and an idle timeout after the input
-		// stopped, with slack for a loaded machine.
-		time.Sleep(1*time.Second + 1*time.Second + 3*time.Second)
+		// The tail comes out an idle timeout after the input stopped, once
+		// the broker confirms nothing is left to read, and (exactly-once)
+		// with the checkpoint after that: wait for it rather than for a
+		// fixed time, which a loaded machine outlasts.
+		took := waitCovered(t, ctx, addr, sc, ends, "while running, input quiet")
+		t.Logf("the quiet tail was published %s after the group committed the end of the input", took.Round(time.Millisecond))
 		first := checkCovered(t, ctx, addr, sc, ends, "while running, input quiet")
 
 		in.kill(syscall.SIGTERM)
 		afterStop := checkCovered(t, ctx, addr, sc, ends, "after SIGTERM")
 
+		from := logSize(in.logs)
 		in.start()
-		time.Sleep(6 * time.Second) // restored, idle, checkpointed: nothing to publish
+		// Restored, then idle for an idle timeout and a checkpoint interval
+		// (with slack): a restart that had lost the release would publish
+		// the tail again by then.
+		waitLogLines(t, ctx, in, from, `"partition assigned"`, recPartitions)
+		time.Sleep(1*time.Second + 1*time.Second + 3*time.Second)
 		in.kill(syscall.SIGTERM)
 		afterRestart := checkCovered(t, ctx, addr, sc, ends, "after a restart with no new input")
 		if afterStop != first || afterRestart != afterStop {
@@ -113,7 +125,7 @@ func TestQuietTailSurvivesAWarmUp(t *testing.T) {
 	args := r.args(sc, "--allowed-lateness", "1s", "--idle-timeout", "1s")
 	a := newInstance(t, bin, "a", args)
 	b := newInstance(t, bin, "b", append(args, "--checkpoint-store", "file://"+t.TempDir()))
-	sc.instances = []*instance{b}
+	sc.instances = []*instance{a}
 	t.Cleanup(func() {
 		a.kill(syscall.SIGKILL)
 		b.kill(syscall.SIGKILL)
@@ -127,17 +139,92 @@ func TestQuietTailSurvivesAWarmUp(t *testing.T) {
 	if err := waitCommitted(ctx, adm, sc.group, input, ends); err != nil {
 		t.Fatalf("%v; end of its log:\n%s", err, tailLog(a.logs, 15))
 	}
-	time.Sleep(1*time.Second + 1*time.Second + 3*time.Second) // the tail released and committed
+	// The tail released and committed (read_committed sees every offset's
+	// output), which a fixed wait cannot promise on a loaded machine.
+	took := waitCovered(t, ctx, addr, sc, ends, "while the first owner ran, input quiet")
+	t.Logf("the quiet tail was committed %s after the group committed the end of the input", took.Round(time.Millisecond))
 	a.kill(syscall.SIGTERM)
-	sc.instances = []*instance{a}
 	checkCovered(t, ctx, addr, sc, ends, "after the first owner stopped")
 
 	b.start()
-	time.Sleep(8 * time.Second) // warmed up, idle, checkpointed
-	b.kill(syscall.SIGTERM)
 	sc.instances = []*instance{b}
+	// Warmed up, then idle for an idle timeout and a checkpoint interval
+	// (with slack): had the warm-up not repeated the release, the new
+	// owner would have released and committed the tail again by then.
+	waitLogLines(t, ctx, b, 0, "rebuilt its state by a warm-up read", recPartitions)
+	time.Sleep(1*time.Second + 1*time.Second + 3*time.Second)
+	b.kill(syscall.SIGTERM)
 	checkCovered(t, ctx, addr, sc, ends, "after a new owner without the snapshot warmed up and stopped")
 	if log, _ := os.ReadFile(b.logs); bytes.Count(log, []byte("rebuilt its state by a warm-up read")) != recPartitions {
 		t.Errorf("the new owner did not warm up every partition; end of its log:\n%s", tailLog(b.logs, 15))
 	}
+}
+
+// waitCovered reads sc's outputs as they arrive (read_committed in
+// exactly-once mode) until every input offset below ends has one, and returns
+// how long that took. t fails if that takes a minute, far more than any
+// release or checkpoint the tests wait for needs on a loaded machine.
+func waitCovered(t *testing.T, ctx context.Context, addr string, sc *scenario, ends map[int32]int64, when string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	opts := []kgo.Opt{kgo.ConsumeTopics(sc.out, sc.dlq), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}
+	if sc.eos {
+		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	}
+	cl := kafkatest.Client(t, addr, opts...)
+	want := 0
+	for _, end := range ends {
+		want += int(end)
+	}
+	covered := map[srcKey]bool{}
+	for len(covered) < want {
+		pctx, pcancel := context.WithTimeout(wctx, time.Second)
+		fs := cl.PollFetches(pctx)
+		pcancel()
+		if wctx.Err() != nil {
+			t.Fatalf("%s: %d of %d input offsets had an output after %s (read_committed: %v); end of the log:\n%s",
+				when, len(covered), want, time.Since(start).Round(time.Millisecond), sc.eos, tailLog(sc.instances[0].logs, 10))
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			k, _ := classify(t, r, r.Topic == sc.dlq)
+			if k.offset >= 0 && k.offset < ends[k.part] {
+				covered[k] = true
+			}
+		})
+	}
+	return time.Since(start)
+}
+
+// waitLogLines waits until in's log holds n lines containing s after its
+// first from bytes (logSize before a start: that start's lines only), and
+// fails t if that takes a minute.
+func waitLogLines(t *testing.T, ctx context.Context, in *instance, from int64, s string, n int) {
+	t.Helper()
+	start := time.Now()
+	for {
+		b, _ := os.ReadFile(in.logs)
+		got := 0
+		if int64(len(b)) > from {
+			got = bytes.Count(b[from:], []byte(s))
+		}
+		if got >= n {
+			return
+		}
+		if ctx.Err() != nil || time.Since(start) > time.Minute {
+			t.Fatalf("%d log lines with %s after %s, want %d; end of the log:\n%s",
+				got, s, time.Since(start).Round(time.Millisecond), n, tailLog(in.logs, 15))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// logSize is the size of a log file (0 if there is none yet).
+func logSize(path string) int64 {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
 }
