@@ -919,18 +919,7 @@ func (r *run) waitIdleFreeze(done chan struct{}) {
 // while it sleeps. An instance not running then, or frozen, is left alone.
 func (r *run) idleFreeze(p phase, begin time.Time) {
 	time.Sleep(time.Until(begin.Add(idleTimeout + p.IdleFreezeAfter)))
-	var frozen []*instance
-	for _, g := range r.groups {
-		in := g.inst[p.IdleFreezeSlot]
-		switch run, stopped := in.state(); {
-		case !run:
-			r.tl.logf("idle freeze: %s is not running; left alone", in.name)
-		case stopped:
-			r.tl.logf("idle freeze: %s is frozen; left alone", in.name)
-		default:
-			frozen = append(frozen, in)
-		}
-	}
+	frozen := r.awake(p.IdleFreezeSlot, "idle freeze")
 	r.tl.logf("idle freeze: SIGSTOP %s at %s, %s after the input went quiet, SIGCONT %s later",
 		names(frozen), time.Now().UTC().Format("15:04:05.000Z"), time.Since(begin).Round(time.Millisecond), p.IdleFreezeDur)
 	for _, in := range frozen {
@@ -941,6 +930,24 @@ func (r *run) idleFreeze(p phase, begin time.Time) {
 		r.tl.logf("SIGCONT %s", in.name)
 		in.signal(syscall.SIGCONT)
 	}
+}
+
+// awake returns instance slot of every group that is running and not frozen;
+// the timeline says, for what, which ones it leaves alone.
+func (r *run) awake(slot int, what string) []*instance {
+	var out []*instance
+	for _, g := range r.groups {
+		in := g.inst[slot]
+		switch run, frozen := in.state(); {
+		case !run:
+			r.tl.logf("%s: %s is not running; left alone", what, in.name)
+		case frozen:
+			r.tl.logf("%s: %s is frozen; left alone", what, in.name)
+		default:
+			out = append(out, in)
+		}
+	}
+	return out
 }
 
 // idleKill does p's IdleKill: once the burst's input has paused (paused) for
@@ -958,18 +965,7 @@ func (r *run) idleKill(p phase, paused <-chan time.Time) error {
 	}
 	r.tl.logf("idle kill: the input paused at %s; SIGKILL instance %d %s past the idle timeout", at.UTC().Format("15:04:05.000Z"), p.IdleKillSlot, p.IdleKillAfter)
 	time.Sleep(time.Until(at.Add(idleTimeout + p.IdleKillAfter)))
-	var killed []*instance
-	for _, g := range r.groups {
-		in := g.inst[p.IdleKillSlot]
-		switch run, frozen := in.state(); {
-		case !run:
-			r.tl.logf("idle kill: %s is not running; left alone", in.name)
-		case frozen:
-			r.tl.logf("idle kill: %s is frozen; left alone", in.name)
-		default:
-			killed = append(killed, in)
-		}
-	}
+	killed := r.awake(p.IdleKillSlot, "idle kill")
 	// The instances' logs have wall-clock times: the moment, to the
 	// millisecond, to set beside their idle releases and checkpoints.
 	r.tl.logf("idle kill: SIGKILL %s at %s, %s after the pause began (meant to fall after the idle release, before its checkpoint), start again %s later",

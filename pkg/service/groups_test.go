@@ -203,24 +203,7 @@ func testRekeyedGroup(t *testing.T, eos bool) {
 // for one. Before the change neither was committed within the test's minute.
 func TestExactlyOnceFirstStageCommitsIdleChangesAtOnce(t *testing.T) {
 	const partitions = 2
-	brokers := newCluster(t, partitions)
-	comp, specs := compileGroups(t)
-	repTopic := "__velocity-repartition-g-cur"
-	first := testConfig(t, brokers, checkpoint.NewMemoryStore())
-	first.Specs, first.Features, first.Decoder = slices.Clone(specs[0].Spec.Windows), specs[0].Spec, comp.Decoder()
-	first.Hops = []pipeline.HopGroup{{Name: "cur", Topic: repTopic, Words: specs[1].Spec.Words()}}
-	first.Watermark = watermark.Config{AllowedLateness: 500, IdleTimeout: 300 * time.Millisecond}
-	first.ExactlyOnce, first.CheckpointInterval = true, 4*time.Minute // the transaction timeout, 3 intervals, stays under the broker's 15 min
-	st := streamtest.Generate(inTopic, 5, 200, partitions)
-	produce(t, brokers, st.Records)
-	startService(t, first)
-
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(repTopic), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	brokers, repTopic, st, cl := startExactlyOnceFirstStage(t, partitions, checkpoint.NewMemoryStore())
 	var dec repartition.Decoder
 	var rec repartition.Record
 	idle := map[int32]bool{}
@@ -415,26 +398,8 @@ func (s *countingStore) Save(ctx context.Context, key checkpoint.Key, snap check
 // a second per quiet partition (a partition with a large state would write it that
 // often while it had nothing to do).
 func TestExactlyOnceLeaseRenewalsCommitWithoutSnapshots(t *testing.T) {
-	const partitions = 2
-	brokers := newCluster(t, partitions)
-	comp, specs := compileGroups(t)
-	repTopic := "__velocity-repartition-g-cur"
 	store := &countingStore{MemoryStore: checkpoint.NewMemoryStore()}
-	first := testConfig(t, brokers, store)
-	first.Specs, first.Features, first.Decoder = slices.Clone(specs[0].Spec.Windows), specs[0].Spec, comp.Decoder()
-	first.Hops = []pipeline.HopGroup{{Name: "cur", Topic: repTopic, Words: specs[1].Spec.Words()}}
-	first.Watermark = watermark.Config{AllowedLateness: 500, IdleTimeout: 300 * time.Millisecond} // a lease of 1 s
-	first.ExactlyOnce, first.CheckpointInterval = true, 4*time.Minute
-	st := streamtest.Generate(inTopic, 5, 200, partitions)
-	produce(t, brokers, st.Records)
-	startService(t, first)
-
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(repTopic), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	_, _, _, cl := startExactlyOnceFirstStage(t, 2, store)
 	var dec repartition.Decoder
 	var rec repartition.Record
 	// Idle markers per input partition, as one repartition partition sees them
@@ -471,4 +436,31 @@ func TestExactlyOnceLeaseRenewalsCommitWithoutSnapshots(t *testing.T) {
 	if n := store.saves.Load() - savesAtDeclaration; n > 0 {
 		t.Fatalf("%d snapshots saved while %v idle markers were committed; a renewal changes no state and needs none", n, idle)
 	}
+}
+
+// startExactlyOnceFirstStage starts, on a fake cluster of the given partitions,
+// a re-keyed group's first stage under exactly-once (one group, "cur"; allowed
+// lateness 500 ms, so a lease of 1 s; idle timeout 300 ms; a checkpoint interval
+// of 4 minutes, so that only the commits made at once show within a test) over
+// a generated input, and a read_committed client of its repartition topic.
+func startExactlyOnceFirstStage(t *testing.T, partitions int, store checkpoint.Store) (brokers []string, repTopic string, st streamtest.Stream, cl *kgo.Client) {
+	t.Helper()
+	brokers = newCluster(t, partitions)
+	comp, specs := compileGroups(t)
+	repTopic = "__velocity-repartition-g-cur"
+	first := testConfig(t, brokers, store)
+	first.Specs, first.Features, first.Decoder = slices.Clone(specs[0].Spec.Windows), specs[0].Spec, comp.Decoder()
+	first.Hops = []pipeline.HopGroup{{Name: "cur", Topic: repTopic, Words: specs[1].Spec.Words()}}
+	first.Watermark = watermark.Config{AllowedLateness: 500, IdleTimeout: 300 * time.Millisecond}
+	first.ExactlyOnce, first.CheckpointInterval = true, 4*time.Minute // the transaction timeout, 3 intervals, stays under the broker's 15 min
+	st = streamtest.Generate(inTopic, 5, 200, partitions)
+	produce(t, brokers, st.Records)
+	startService(t, first)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(repTopic), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return brokers, repTopic, st, cl
 }

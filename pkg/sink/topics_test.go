@@ -12,17 +12,7 @@ import (
 )
 
 func TestEnsureTopics(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "exists"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
+	adm := newFakeAdmin(t)
 	ctx := context.Background()
 
 	created, err := EnsureTopics(ctx, adm, 3, OutputTopic{Flag: "--a", Name: "exists"}, OutputTopic{Flag: "--b", Name: "fresh"}, OutputTopic{Flag: "--c"})
@@ -59,17 +49,7 @@ func TestEnsureTopics(t *testing.T) {
 // TestEnsureTopicsConfigs: a topic created here gets its Configs (a repartition
 // topic's records then carry the broker's append time); an existing one keeps its own.
 func TestEnsureTopicsConfigs(t *testing.T) {
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "exists"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
+	adm := newFakeAdmin(t)
 	ctx := context.Background()
 	if _, err := EnsureTopics(ctx, adm, 2,
 		OutputTopic{Flag: "repartition", Name: "rp", Exact: true, Configs: RepartitionConfigs()},
@@ -97,4 +77,21 @@ func TestEnsureTopicsConfigs(t *testing.T) {
 			t.Errorf("%s: message.timestamp.type set to %q, want %q", want.topic, got, want.value)
 		}
 	}
+}
+
+// newFakeAdmin is an admin client of a fake cluster holding one topic, "exists",
+// of 2 partitions.
+func newFakeAdmin(t *testing.T) *kadm.Client {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "exists"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return kadm.NewClient(cl)
 }
