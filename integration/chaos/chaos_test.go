@@ -742,7 +742,7 @@ func runChaos(t *testing.T, c *kafkatest.PrivateCluster, bin string, v variant, 
 					gin.replay = nil
 				default:
 					gin.excused = ex
-					tl.logf("idle rule, group %s (%s): %d events counted out of order (late=true); %d offsets held to replay's within its bounds only", rk.name, g.mode, len(ooo), len(ex))
+					tl.logf("idle rule, group %s (%s): %d events counted out of order (late=true); %d offsets held to replay's within its bounds only%s", rk.name, g.mode, len(ooo), len(ex), describeOffsets(ooo))
 				}
 			}
 			for _, cp := range rk.cps {

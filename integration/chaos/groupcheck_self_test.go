@@ -218,3 +218,15 @@ func TestGroupChecksFire(t *testing.T) {
 		}
 	}
 }
+
+// TestDescribeOffsets: the timeline's list of out-of-order events, as ranges per
+// partition in offset order.
+func TestDescribeOffsets(t *testing.T) {
+	keys := map[srcKey]bool{{0, 650}: true, {0, 645}: true, {0, 646}: true, {0, 1148}: true, {2, 7}: true, {2, 8}: true}
+	if got, want := describeOffsets(keys), " partition 0: 645-646 (2) 650 1148; partition 2: 7-8 (2);"; got != want {
+		t.Fatalf("describeOffsets = %q, want %q", got, want)
+	}
+	if got := describeOffsets(nil); got != "" {
+		t.Fatalf("describeOffsets(nil) = %q, want nothing", got)
+	}
+}

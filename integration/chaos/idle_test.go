@@ -287,6 +287,39 @@ func describeExcuses(ex map[srcKey]excuse) string {
 	return s
 }
 
+// describeOffsets lists the input offsets of keys per partition, as ranges
+// with their counts ("partition 0: 645-650 (6), 1148"), for the timeline: to
+// set beside the faults and the instances' logs.
+func describeOffsets(keys map[srcKey]bool) string {
+	byPart := map[int32][]int64{}
+	for k := range keys {
+		byPart[k.part] = append(byPart[k.part], k.offset)
+	}
+	s := ""
+	for p := range int32(partitions) {
+		offs := byPart[p]
+		if len(offs) == 0 {
+			continue
+		}
+		slices.Sort(offs)
+		s += fmt.Sprintf(" partition %d:", p)
+		for i := 0; i < len(offs); {
+			j := i
+			for j+1 < len(offs) && offs[j+1] == offs[j]+1 {
+				j++
+			}
+			if j > i {
+				s += fmt.Sprintf(" %d-%d (%d)", offs[i], offs[j], j-i+1)
+			} else {
+				s += fmt.Sprintf(" %d", offs[i])
+			}
+			i = j + 1
+		}
+		s += ";"
+	}
+	return s
+}
+
 // groupIdleExcuses is idleExcuses for a re-keyed group's outputs
 // (docs/repartition.md, the idle rule). A second stage whose order the idle
 // rule let pass an event counts it at once, out of order, and says so
