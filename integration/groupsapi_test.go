@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -199,7 +201,7 @@ func TestGroupsAPIOnTheBroker(t *testing.T) {
 		path := "/v1/groups/" + k.group + "/entities/" + url.PathEscape(k.key) + "/features?at=" + strconv.FormatInt(at, 10)
 		code, body := getAPI(t, ctx, client, bases[0], path)
 		code1, body1 := getAPI(t, ctx, client, bases[1], path)
-		if code != code1 || !bytes.Equal(body, body1) {
+		if code != code1 || code == http.StatusOK && sameGroupAnswer(body, body1, k.group != def.Group) != nil || code != http.StatusOK && !bytes.Equal(body, body1) {
 			t.Fatalf("%s %s: instance 0 %d %s, instance 1 %d %s", k.group, k.key, code, body, code1, body1)
 		}
 		switch code {
@@ -281,8 +283,8 @@ func TestGroupsAPIOnTheBroker(t *testing.T) {
 				}
 				answers = append(answers, got)
 			}
-			if !bytes.Equal(answers[0], answers[1]) {
-				t.Fatalf("transaction %s: instance 0 %s\ninstance 1 %s", body, answers[0], answers[1])
+			if err := sameTransactionAnswers(answers[0], answers[1], def.Group); err != nil {
+				t.Fatalf("transaction %s: %v: instance 0 %s\ninstance 1 %s", body, err, answers[0], answers[1])
 			}
 			var got struct {
 				Groups map[string]json.RawMessage `json:"groups"`
@@ -317,7 +319,7 @@ func TestGroupsAPIOnTheBroker(t *testing.T) {
 					continue
 				}
 				code, single := getAPI(t, ctx, client, bases[0], "/v1/groups/"+g+"/entities/"+url.PathEscape(k)+"/features")
-				if e.Status != code || (code == 200 && !bytes.Equal(e.Features, bytes.TrimSuffix(single, []byte("\n")))) {
+				if e.Status != code || (code == 200 && sameGroupAnswer(e.Features, single, g != def.Group) != nil) {
 					t.Fatalf("transaction %s: %s answered %s; the group endpoint %d %s", body, g, entry, code, single)
 				}
 				entries++
@@ -418,4 +420,75 @@ func retry503(t *testing.T, ctx context.Context, do func() (*http.Response, erro
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// sameTransactionAnswers holds two instances' answers to one transaction call,
+// asked one after the other while the input is quiet, to the same values: every
+// group's entry alike (sameGroupAnswer).
+func sameTransactionAnswers(first, second []byte, inPlace string) error {
+	var a, b struct {
+		Groups map[string]json.RawMessage `json:"groups"`
+	}
+	if err := json.Unmarshal(first, &a); err != nil {
+		return err
+	}
+	if err := json.Unmarshal(second, &b); err != nil {
+		return err
+	}
+	if len(a.Groups) != len(b.Groups) {
+		return fmt.Errorf("%d groups, then %d", len(a.Groups), len(b.Groups))
+	}
+	for g, ea := range a.Groups {
+		var fa, fb struct {
+			Status   int             `json:"status"`
+			Features json.RawMessage `json:"features"`
+		}
+		if err := json.Unmarshal(ea, &fa); err != nil {
+			return err
+		}
+		if err := json.Unmarshal(b.Groups[g], &fb); err != nil {
+			return fmt.Errorf("group %s: %w", g, err)
+		}
+		if fa.Features == nil || fb.Features == nil {
+			if !bytes.Equal(ea, b.Groups[g]) {
+				return fmt.Errorf("group %s differs", g)
+			}
+			continue
+		}
+		if fa.Status != fb.Status {
+			return fmt.Errorf("group %s: status %d, then %d", g, fa.Status, fb.Status)
+		}
+		if err := sameGroupAnswer(fa.Features, fb.Features, g != inPlace); err != nil {
+			return fmt.Errorf("group %s: %w", g, err)
+		}
+	}
+	return nil
+}
+
+// sameGroupAnswer holds two answers for one key of a group, asked one after the
+// other while the input is quiet, to the same values. A re-keyed group's
+// last_offset, its second stage's position in the repartition partition, is the
+// exception: the quiet input partitions' idle lease renewals move it on
+// (docs/repartition.md), so the later answer's may be further, never behind.
+func sameGroupAnswer(first, second []byte, reKeyed bool) error {
+	var a, b map[string]any
+	if err := json.Unmarshal(first, &a); err != nil {
+		return err
+	}
+	if err := json.Unmarshal(second, &b); err != nil {
+		return err
+	}
+	if reKeyed {
+		la, _ := a["last_offset"].(float64)
+		lb, _ := b["last_offset"].(float64)
+		if lb < la {
+			return fmt.Errorf("last_offset %v, then %v", la, lb)
+		}
+		delete(a, "last_offset")
+		delete(b, "last_offset")
+	}
+	if !reflect.DeepEqual(a, b) {
+		return errors.New("the answers differ")
+	}
+	return nil
 }
