@@ -742,7 +742,11 @@ func runChaos(t *testing.T, c *kafkatest.PrivateCluster, bin string, v variant, 
 					gin.replay = nil
 				default:
 					gin.excused = ex
-					tl.logf("idle rule, group %s (%s): %d events counted out of order (late=true); %d offsets held to replay's within its bounds only%s", rk.name, g.mode, len(ooo), len(ex), describeOffsets(ooo))
+					kinds := map[string]int{}
+					for k := range ooo {
+						kinds[gen[k]]++
+					}
+					tl.logf("idle rule, group %s (%s): %d events counted out of order (late=true), by input kind %v; %d offsets held to replay's within its bounds only%s", rk.name, g.mode, len(ooo), kinds, len(ex), describeOffsets(ooo))
 				}
 			}
 			for _, cp := range rk.cps {
