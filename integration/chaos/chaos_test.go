@@ -744,7 +744,8 @@ func runChaos(t *testing.T, c *kafkatest.PrivateCluster, bin string, v variant, 
 					gin.excused = ex
 					kinds := map[string]int{}
 					for k := range ooo {
-						kinds[gen[k]]++
+						kind, _, _ := strings.Cut(gen[k], " ") // "<kind> <event id>"
+						kinds[kind]++
 					}
 					tl.logf("idle rule, group %s (%s): %d events counted out of order (late=true), by input kind %v; %d offsets held to replay's within its bounds only%s", rk.name, g.mode, len(ooo), kinds, len(ex), describeOffsets(ooo))
 				}
