@@ -79,10 +79,15 @@
 // An input partition with no input for the idle timeout would hold F back forever.
 // The source decides it is idle, by the same wall-clock rule as its own reorder
 // buffer (watermark.Stage.Idle), and says so in a marker (Record.Idle). The Merger
-// then leaves that source out of the minimum until the source sends anything else.
-// The decision is written into the repartition topic, so the Merger itself reads no
-// clock: restoring a snapshot and re-reading the topic from the snapshot's offset
-// releases exactly what the first reading released. An idle marker from an owner
+// then leaves that source out of the minimum until the source sends anything else,
+// or until the marker's lease (Record.Lease) runs out: the source renews its
+// declaration while its input stays quiet, and one whose owner is lost stops, so
+// after the lease the source holds F at its watermark again. The lease runs on the
+// Merger's clock, the largest Kafka timestamp of the records it has read
+// (Record.LogTime). The decision is written into the repartition topic, its records
+// and their timestamps, so the Merger itself reads no wall clock: restoring a
+// snapshot and re-reading the topic from the snapshot's offset releases exactly what
+// the first reading released. An idle marker from an owner
 // epoch older than the newest the Merger has seen from that source is not honoured
 // (its watermark still is): a frozen old owner that wakes up finds its input silent
 // and would otherwise declare idle a partition its new owner is feeding. When every
@@ -101,8 +106,8 @@
 //
 // # Snapshots
 //
-// AppendSnapshot writes the whole logical state (F, each source's watermark, epoch
-// and idle flag, its pending events with every field in order, and its events counted
+// AppendSnapshot writes the whole logical state (F, the clock, each source's
+// watermark, epoch, idle flag and lease, its pending events with every field in order, and its events counted
 // at or above its watermark), versioned and CRC-32C checksummed. The bytes are a
 // function of the state alone, and Restore accepts only canonical images, so a
 // restored Merger writes the same bytes and releases the same events as one that was
