@@ -28,7 +28,8 @@ import (
 // repartition partition's hop records, its Merger releases them in (event time,
 // source partition, source offset) order, and it counts them in the group's feature
 // state. It decides nothing the first stage decided (validation, dedupe of event
-// ids, lateness), and reads no clock.
+// ids, lateness), and reads no wall clock: its idle leases run on the Kafka
+// timestamps of the records it reads (Record.Timestamp).
 
 // HopGroup is one re-keyed group as its first stage sees it.
 type HopGroup struct {
