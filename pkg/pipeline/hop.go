@@ -185,11 +185,18 @@ func (p *Processor) HopMarkers(quiet bool, emit func(*Output)) bool {
 	if h == nil {
 		return false
 	}
+	return p.hopMarkers(quiet && (!h.idleSent || h.renewalDue()), h.lease, emit)
+}
+
+// hopMarkers is HopMarkers once the verdict is decided: idle sends it to every
+// repartition partition, leased for lease ms (0: until the partition sends
+// anything else).
+func (p *Processor) hopMarkers(idle bool, lease int64, emit func(*Output)) bool {
+	h := p.hop
 	wm, ok := p.stage.Watermark()
 	if !ok {
 		wm = repartition.NoWatermark
 	}
-	idle := quiet && (!h.idleSent || h.renewalDue())
 	if !ok && !idle {
 		return false // nothing to promise yet
 	}
@@ -200,11 +207,11 @@ func (p *Processor) HopMarkers(quiet bool, emit func(*Output)) bool {
 			if !idle && (!ok || wm <= *s) {
 				continue
 			}
-			var lease int64
 			if idle {
-				lease = h.lease
+				p.appendMarker(wm, true, lease)
+			} else {
+				p.appendMarker(wm, false, 0)
 			}
-			p.appendMarker(wm, idle, lease)
 			*s = max(*s, wm)
 			p.emitHop(g, int32(rp), nil, -1, 0, emit)
 		}
@@ -271,15 +278,9 @@ func (p *Processor) NeedsIdleVerdict() bool {
 // all it ever will. A second stage that has heard it from every source releases
 // everything it holds.
 func (p *Processor) EndOfInput(emit func(*Output)) {
-	h := p.hop
-	if h == nil {
-		return
+	if p.hop != nil {
+		p.hopMarkers(true, 0, emit) // the end of the input is for good: no lease
 	}
-	// The end of the input is for good: no lease.
-	lease := h.lease
-	h.idleSent, h.lease = false, 0
-	p.HopMarkers(true, emit)
-	h.lease = lease
 }
 
 func (p *Processor) appendMarker(wm int64, idle bool, lease int64) {
