@@ -276,17 +276,9 @@ func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
 		}
 		var slots []int
 		for i := range running {
-			switch p.Fault {
-			case faultScaleUp, faultScaleDown:
-				if i > 0 {
-					continue
-				}
-			case faultKill, faultFreeze, faultNetCut, faultRegistry:
-				if i == p.Slot {
-					continue
-				}
+			if p.spares(i) {
+				slots = append(slots, i)
 			}
-			slots = append(slots, i)
 		}
 		if len(slots) == 0 {
 			return // p's fault takes the only instance running: about one in five
@@ -430,6 +422,22 @@ func makeSchedule(seed uint64, minLength time.Duration, pt planTimes) schedule {
 	return s
 }
 
+// spares reports whether p's fault leaves instance k alone, for a fault of
+// another kind on top of it: not the instance a kill, freeze, cut or registry
+// fault takes, no instance but 0 while the group scales, none in a graceful
+// restart, which stops every instance.
+func (p *phase) spares(k int) bool {
+	switch p.Fault {
+	case faultGraceful:
+		return false
+	case faultScaleUp, faultScaleDown:
+		return k == 0
+	case faultKill, faultFreeze, faultNetCut, faultRegistry:
+		return k != p.Slot
+	}
+	return true
+}
+
 // addIdleFreezes gives half the quiet phases, other than the last, an
 // IdleFreeze if an instance can take it (about one in five in all). The freeze outlasts its phase into the next one, so its instance is
 // one that neither phase's fault touches: not the one a kill, freeze, cut or
@@ -454,18 +462,7 @@ func addIdleFreezes(s *schedule, seed uint64, pt planTimes) {
 		next := &s.Phases[i+1]
 		var slots []int
 		for k := range min(before, running) {
-			ok := true
-			for _, q := range []*phase{p, next} {
-				switch q.Fault {
-				case faultGraceful:
-					ok = false
-				case faultScaleUp, faultScaleDown:
-					ok = ok && k == 0
-				case faultKill, faultFreeze, faultNetCut, faultRegistry:
-					ok = ok && k != q.Slot
-				}
-			}
-			if ok {
+			if p.spares(k) && next.spares(k) {
 				slots = append(slots, k)
 			}
 		}
