@@ -79,10 +79,15 @@ type hopState struct {
 	idleSent        bool
 	declaredAt, now time.Time
 	lease           int64 // cfg.IdleLease in ms (0: none)
-	rec             repartition.Record
-	buf             []byte
-	keyBuf          []byte
-	out             Output
+	// inputQuiet is the caller's word that no partition of the input has
+	// received or still holds records to process for a while (SetInputQuiet): a
+	// renewal then waits, and heldAt is when one last did.
+	inputQuiet bool
+	heldAt     time.Time
+	rec        repartition.Record
+	buf        []byte
+	keyBuf     []byte
+	out        Output
 	// Missing counts, per group, accepted records without a key for it.
 	missing []uint64
 }
@@ -185,7 +190,33 @@ func (p *Processor) HopMarkers(quiet bool, emit func(*Output)) bool {
 	if h == nil {
 		return false
 	}
+	if quiet && h.idleSent && h.renewalDue() && h.inputQuiet {
+		h.heldAt = h.now // nothing for a renewal to cover: ask again a quarter lease on
+		quiet = false
+	}
 	return p.hopMarkers(quiet && (!h.idleSent || h.renewalDue()), h.lease, emit)
+}
+
+// SetInputQuiet tells a first stage whether the whole input topic has been quiet
+// long enough that its renewals can wait (the service's word, from the brokers:
+// no partition's end offset moved and every one was committed to its end, for at
+// least the idle timeout plus the lease and a margin; worker.renewalsWanted). A
+// lease renewal only keeps this partition from holding up the second stages'
+// order while other sources send them records; records reach a repartition
+// partition only from input the first stages are processing, and every record
+// there moves its clock, the one the leases are measured on. So once the input
+// is quiet, the renewals that every quiet partition would go on sending are the
+// only records left, and they stop: a quiet deployment writes nothing. When
+// input arrives again anywhere, the service says so at the next check (a quarter
+// lease at most), the renewals start again, and a second stage whose leases ran
+// out meanwhile holds that input's events back until then, which is safe: a
+// lapsed declaration only makes the second stage wait. The declaration itself
+// (the first verdict of a quiet spell) is never held. The default, false, renews
+// every quarter lease.
+func (p *Processor) SetInputQuiet(quiet bool) {
+	if p.hop != nil {
+		p.hop.inputQuiet = quiet
+	}
 }
 
 // hopMarkers is HopMarkers once the verdict is decided: idle sends it to every
@@ -227,7 +258,11 @@ func (p *Processor) hopMarkers(idle bool, lease int64, emit func(*Output)) bool 
 // three quarters to reach the second stages (a broker check, a tick, a produce and,
 // under exactly-once, a commit).
 func (h *hopState) renewalDue() bool {
-	return h.idleSent && h.lease > 0 && h.now.Sub(h.declaredAt) >= time.Duration(h.lease)*time.Millisecond/4
+	last := h.declaredAt
+	if h.heldAt.After(last) {
+		last = h.heldAt
+	}
+	return h.idleSent && h.lease > 0 && h.now.Sub(last) >= time.Duration(h.lease)*time.Millisecond/4
 }
 
 // AnnounceOwner sends, as a first stage that has just been given its partition, a

@@ -683,24 +683,31 @@ func TestIdleLeaseRenewal(t *testing.T) {
 	}
 	t0 := time.Unix(1_800_000_000, 0)
 	steps := []struct {
-		at      time.Duration
-		quiet   bool
-		needs   bool // NeedsIdleVerdict before the call
-		sent    bool
-		markers int   // idle markers sent
-		lease   int64 // on each of them
+		at         time.Duration
+		inputQuiet bool // SetInputQuiet: the whole input has been quiet a while
+		quiet      bool
+		needs      bool // NeedsIdleVerdict before the call
+		sent       bool
+		markers    int   // idle markers sent
+		lease      int64 // on each of them
 	}{
-		{0, false, true, false, 0, 0},
-		{0, true, true, true, 2 * parts, 1000},                      // the declaration
-		{100 * time.Millisecond, true, false, false, 0, 0},          // not due
-		{249 * time.Millisecond, true, false, false, 0, 0},          // not due
-		{250 * time.Millisecond, false, true, false, 0, 0},          // due, but not confirmed quiet
-		{300 * time.Millisecond, true, true, true, 2 * parts, 1000}, // renewed
-		{500 * time.Millisecond, true, false, false, 0, 0},
-		{550 * time.Millisecond, true, true, true, 2 * parts, 1000},
+		{0, false, false, true, false, 0, 0},
+		{0, false, true, true, true, 2 * parts, 1000},                      // the declaration
+		{100 * time.Millisecond, false, true, false, false, 0, 0},          // not due
+		{249 * time.Millisecond, false, true, false, false, 0, 0},          // not due
+		{250 * time.Millisecond, false, false, true, false, 0, 0},          // due, but not confirmed quiet
+		{300 * time.Millisecond, false, true, true, true, 2 * parts, 1000}, // renewed
+		{500 * time.Millisecond, false, true, false, false, 0, 0},
+		{550 * time.Millisecond, false, true, true, true, 2 * parts, 1000},
+		{800 * time.Millisecond, true, true, true, false, 0, 0},             // due, but the input is quiet: held
+		{1000 * time.Millisecond, true, true, false, false, 0, 0},           // asked again a quarter lease after the hold
+		{1050 * time.Millisecond, true, true, true, false, 0, 0},            // held again
+		{1100 * time.Millisecond, false, true, false, false, 0, 0},          // input again, not yet asked
+		{1300 * time.Millisecond, false, true, true, true, 2 * parts, 1000}, // renewed
 	}
 	for i, s := range steps {
 		p.SetClock(t0.Add(s.at))
+		p.SetInputQuiet(s.inputQuiet)
 		if got := p.NeedsIdleVerdict(); got != s.needs {
 			t.Fatalf("step %d: NeedsIdleVerdict %v, want %v", i, got, s.needs)
 		}

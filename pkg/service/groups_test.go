@@ -464,3 +464,122 @@ func startExactlyOnceFirstStage(t *testing.T, partitions int, store checkpoint.S
 	t.Cleanup(cl.Close)
 	return brokers, repTopic, st, cl
 }
+
+// TestLeaseRenewalsWaitForInput: a first stage renews its idle lease only while
+// the input topic is active (worker.renewalsWanted). Over a re-keyed group on a
+// fake cluster, once the input has been processed, committed and left quiet,
+// the repartition topic stops receiving idle markers after the hold (a quiet
+// deployment writes nothing); a record produced then to one partition still gets
+// its row in the group's topic, which the second stage releases only once the
+// other partitions' leases hold again: their renewals start again at the
+// record's arrival. Before the change the markers came every quarter lease for
+// as long as the input stayed quiet.
+func TestLeaseRenewalsWaitForInput(t *testing.T) {
+	for _, eos := range []bool{false, true} {
+		t.Run(fmt.Sprintf("exactly-once=%v", eos), func(t *testing.T) { testLeaseRenewalsWaitForInput(t, eos) })
+	}
+}
+
+func testLeaseRenewalsWaitForInput(t *testing.T, eos bool) {
+	const partitions = 3
+	brokers := newCluster(t, partitions)
+	st := streamtest.Generate(inTopic, 7, 300, partitions)
+	produce(t, brokers, st.Records)
+	comp, specs := compileGroups(t)
+	repTopic, groupOut := "__velocity-repartition-g-cur", "features.cur"
+	store := checkpoint.NewMemoryStore()
+	first := testConfig(t, brokers, store)
+	first.Specs, first.Features, first.Decoder = slices.Clone(specs[0].Spec.Windows), specs[0].Spec, comp.Decoder()
+	first.Hops = []pipeline.HopGroup{{Name: "cur", Topic: repTopic, Words: specs[1].Spec.Words()}}
+	first.Watermark = watermark.Config{AllowedLateness: 500, IdleTimeout: 300 * time.Millisecond} // a 1 s lease
+	first.ExactlyOnce = eos
+	second := testConfig(t, brokers, store)
+	second.Group, second.InputTopic, second.OutputTopic = "g.cur", repTopic, groupOut
+	second.Specs, second.Features, second.Merge = slices.Clone(specs[1].Spec.Windows), specs[1].Spec, &MergeGroup{Name: "cur"}
+	second.ExactlyOnce, second.Host = eos, "second"
+	svc, _ := startService(t, first)
+	startService(t, second)
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(groupOut, repTopic), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var dec repartition.Decoder
+	var rec repartition.Record
+	var head feature.Head
+	row := feature.NewRow(specs[1].Spec)
+	lastIdle := map[int32]time.Time{} // when an idle marker of each source was last read
+	rows := map[streamtest.Source]bool{}
+	poll := func(ctx context.Context) {
+		fs := cl.PollFetches(ctx)
+		now := time.Now()
+		fs.EachRecord(func(r *kgo.Record) {
+			if r.Topic == repTopic {
+				if err := dec.Decode(r.Value, &rec); err != nil {
+					t.Fatalf("repartition record %d/%d: %v", r.Partition, r.Offset, err)
+				}
+				if rec.Kind == repartition.KindMarker && rec.Idle {
+					lastIdle[rec.Source] = now
+				}
+				return
+			}
+			if err := feature.ParseRow(r.Value, specs[1].Spec, &head, row); err != nil {
+				t.Fatal(err)
+			}
+			rows[streamtest.Source{Partition: head.SourcePartition, Offset: head.SourceOffset}] = true
+		})
+	}
+
+	// Quiet: the markers stop once the hold has passed since the input was last
+	// found active. A gap of two leases with no idle marker at all shows it.
+	hold := svc.renewalHold()
+	ctx, cancel := context.WithTimeout(context.Background(), hold+40*time.Second)
+	defer cancel()
+	for {
+		pctx, pcancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		poll(pctx)
+		pcancel()
+		if ctx.Err() != nil {
+			t.Fatalf("idle markers still arriving %v after the input went quiet (last per source: %v); want none after the hold of %v", hold+40*time.Second, lastIdle, hold)
+		}
+		if len(lastIdle) == partitions {
+			var latest time.Time
+			for _, at := range lastIdle {
+				if at.After(latest) {
+					latest = at
+				}
+			}
+			if time.Since(latest) > 2*time.Second {
+				break
+			}
+		}
+	}
+	quietSince := time.Now()
+
+	// One record to partition 0, newer than everything: its row needs the
+	// other sources declared idle again at the second stage.
+	newest := int64(0)
+	for _, evs := range st.ByPart {
+		for _, e := range evs {
+			newest = max(newest, e.Time)
+		}
+	}
+	tx := codec.Transaction{EventID: "after-the-quiet", EntityID: "card-after", AmountMinor: 100, Currency: "EUR", EventTime: newest + 10_000}
+	produce(t, brokers, []*kgo.Record{{Topic: inTopic, Partition: 0, Key: []byte(tx.EntityID), Value: codec.EncodeTransaction(&tx)}})
+	want := streamtest.Source{Partition: 0, Offset: int64(len(st.ByPart[0]))}
+	for !rows[want] {
+		pctx, pcancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		poll(pctx)
+		pcancel()
+		if ctx.Err() != nil {
+			t.Fatalf("no row for the record produced after the quiet spell (%v) in %s; idle markers last read per source: %v", want, groupOut, lastIdle)
+		}
+	}
+	for p := int32(1); p < partitions; p++ {
+		if !lastIdle[p].After(quietSince) {
+			t.Fatalf("source %d: no idle marker since the input was quiet, yet the row was released", p)
+		}
+	}
+}

@@ -32,9 +32,20 @@ type lsoLookup struct {
 	// most once a tick each), so that a verdict waits at most one tick more.
 	every time.Duration
 
+	// committed, when set, lists the input group's committed offsets with each
+	// request, so that the answers also say when the input was last seen active
+	// (activity): the first stages of re-keyed groups renew their idle leases
+	// only then (worker.renewalsWanted).
+	committed func(ctx context.Context) (kadm.OffsetResponses, error)
+
 	mu      sync.Mutex
 	waiting []lsoAsk
 	running bool // a loop is sending requests; it sends another while any ask waits
+
+	// Loop only: the end offsets of the last request that listed them, and when
+	// a request last found the input active.
+	ends     map[int32]int64
+	activeAt time.Time
 }
 
 // lsoAsk is one partition's question: its answer goes to out (buffered, and
@@ -82,6 +93,9 @@ func (l *lsoLookup) loop() {
 		last = time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), lsoTimeout)
 		listed, err := l.list(ctx)
+		if l.committed != nil && l.activity(ctx, listed, err) {
+			l.activeAt = last
+		}
 		cancel()
 		for _, a := range batch {
 			end := int64(-1)
@@ -90,7 +104,58 @@ func (l *lsoLookup) loop() {
 					end = o.Offset
 				}
 			}
-			a.out <- idleAnswer{a.q, end}
+			a.out <- idleAnswer{idleQuestion: a.q, end: end, activeAt: l.activeAt}
 		}
 	}
+}
+
+// activity reports whether the input may have had records to process since the
+// previous request, or has some now: a partition's end offset moved, or some
+// partition's committed offset is below its end (records not yet read, or read
+// but not yet checkpointed). Whatever it cannot tell (a failed request, a
+// partition missing from an answer, the first request) counts as activity, so a
+// doubt costs renewals, never a renewal that was needed. A transactional
+// producer's last commit marker keeps a partition's committed offset below its
+// end for good; the renewals then never wait, as before.
+func (l *lsoLookup) activity(ctx context.Context, listed kadm.ListedOffsets, err error) bool {
+	if err != nil {
+		return true
+	}
+	ends := make(map[int32]int64, len(l.ends))
+	active := l.ends == nil
+	listed.Each(func(o kadm.ListedOffset) {
+		if o.Topic != l.topic || o.Err != nil {
+			return
+		}
+		ends[o.Partition] = o.Offset
+		if prev, ok := l.ends[o.Partition]; !ok || prev != o.Offset {
+			active = true
+		}
+	})
+	// A partition this answer lacks, or has an error for, keeps its last end,
+	// and is activity for as long as it is missing.
+	for p, end := range l.ends {
+		if _, ok := ends[p]; !ok {
+			ends[p] = end
+			active = true
+		}
+	}
+	if len(ends) == 0 {
+		active = true
+	}
+	l.ends = ends
+	if active {
+		return true
+	}
+	committed, err := l.committed(ctx)
+	if err != nil {
+		return true
+	}
+	for p, end := range ends {
+		c, ok := committed.Lookup(l.topic, p)
+		if end > 0 && (!ok || c.Err != nil || c.At < end) {
+			return true
+		}
+	}
+	return false
 }

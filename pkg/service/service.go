@@ -64,6 +64,17 @@ func IdleLease(allowedLateness time.Duration) time.Duration {
 	return min(max(allowedLateness, time.Second).Truncate(time.Millisecond), repartition.MaxLease*time.Millisecond)
 }
 
+// RenewalHold is how long after the input topic was last found active a first
+// stage goes on renewing its idle lease (worker.renewalsWanted): the idle
+// timeout, two leases (IdleLease), and the longest an idle check may take.
+func RenewalHold(idleTimeout, allowedLateness time.Duration) time.Duration {
+	return idleTimeout + 2*IdleLease(allowedLateness) + lsoTimeout
+}
+
+func (s *Service) renewalHold() time.Duration {
+	return RenewalHold(s.cfg.Watermark.IdleTimeout, time.Duration(s.cfg.Watermark.AllowedLateness)*time.Millisecond)
+}
+
 // Config is the live service's configuration. cmd/velocity-consumer fills it
 // from flags and VELOCITY_* variables; tests fill it directly.
 type Config struct {
@@ -480,6 +491,11 @@ func (s *Service) Run(ctx context.Context) error {
 	s.lso = &lsoLookup{topic: s.cfg.InputTopic, run: s.bg.Go, every: s.tickEvery(), list: func(ctx context.Context) (kadm.ListedOffsets, error) {
 		return s.adm.ListCommittedOffsets(ctx, s.cfg.InputTopic)
 	}}
+	if len(s.cfg.Hops) > 0 {
+		s.lso.committed = func(ctx context.Context) (kadm.OffsetResponses, error) {
+			return s.adm.FetchOffsetsForTopics(ctx, s.cfg.Group, s.cfg.InputTopic)
+		}
+	}
 	// Verify the cluster answers before declaring readiness, so a wrong
 	// --brokers fails within startPing with a clear message instead of
 	// retrying forever; through what a broker restarting answers meanwhile

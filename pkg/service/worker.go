@@ -84,6 +84,10 @@ type worker struct {
 	idleCheck    chan idleAnswer
 	idleChecking bool
 	quietGen     uint64
+	// inputActiveAt is the latest time an idle check's answer found the input
+	// topic active (idleAnswer.activeAt): a first stage renews its idle lease
+	// only while that is recent (renewalsWanted).
+	inputActiveAt time.Time
 
 	// held are records waiting for the decoder's Prepare (the schema registry
 	// was unreachable): the first could not be prepared, the rest arrived
@@ -328,6 +332,7 @@ func (w *worker) run() {
 				// lease, is committed at once (see the wake-up above): until its
 				// markers are committed, the second stages wait for this
 				// partition, and a lease not renewed in time runs out.
+				w.proc.SetInputQuiet(!w.renewalsWanted())
 				if w.proc.HopMarkers(verdict, w.emitFn) && w.txn != nil {
 					lastCheckpoint = time.Time{}
 				}
@@ -570,6 +575,9 @@ func (w *worker) idleVerdict() bool {
 	select {
 	case a := <-w.idleCheck:
 		w.idleChecking = false
+		if a.activeAt.After(w.inputActiveAt) {
+			w.inputActiveAt = a.activeAt
+		}
 		if quiet && a.gen == w.quietGen && a.readTo == w.readTo && a.next == w.proc.Next() &&
 			time.Since(a.asked) <= w.s.cfg.Watermark.IdleTimeout &&
 			a.end >= 0 && a.end <= max(w.readTo, w.proc.Next()) {
@@ -584,6 +592,29 @@ func (w *worker) idleVerdict() bool {
 			q: idleQuestion{gen: w.quietGen, readTo: w.readTo, next: w.proc.Next(), asked: time.Now()}})
 	}
 	return false
+}
+
+// renewalsWanted reports whether a first stage's idle lease renewals are still
+// wanted: the input topic was last found active (records arrived somewhere, or
+// were not yet committed) less than renewalHold ago, or there is no word yet.
+//
+// Why renewals may stop then (docs/repartition.md, "Renewals wait for
+// input"): a lease only has to outlast the records other sources send a second
+// stage, since its clock is their timestamps. While the input is quiet, no first
+// stage has anything to hop but its own markers: every declaration is already in
+// place, everything pending was released when the last source declared, and a
+// lease that lapses then holds back nothing. The hold has to cover the markers
+// that follow the last input: a source that processed the input's last record
+// declares its own idleness up to --idle-timeout after it, plus a tick and a
+// broker check, and this partition's lease must still hold then, or the events
+// that declaration releases would wait for the next input. The last activity
+// seen is at most a quarter lease (a check's spacing) before that source's last
+// record was processed, since its offset stays uncommitted until then; the last
+// renewal comes within a quarter lease of the hold's end and lasts a lease. So a
+// hold of the idle timeout, two leases and the longest a check may take
+// (lsoTimeout) covers it with more than a lease to spare.
+func (w *worker) renewalsWanted() bool {
+	return w.inputActiveAt.IsZero() || time.Since(w.inputActiveAt) < w.s.renewalHold()
 }
 
 // idleQuestion is what a partition knew when it asked for the idle verdict.
@@ -609,6 +640,9 @@ type idleQuestion struct {
 type idleAnswer struct {
 	idleQuestion
 	end int64
+	// activeAt is when the lookup last found the input topic active (lsoLookup.
+	// activity); zero when it does not look (no re-keyed groups) or never did.
+	activeAt time.Time
 }
 
 // updatePressure asks the poll loop to pause fetching this partition above the
