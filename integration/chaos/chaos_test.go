@@ -29,6 +29,7 @@ import (
 	"github.com/velocity-consumer/velocity-consumer/internal/srtest"
 	"github.com/velocity-consumer/velocity-consumer/pkg/definition"
 	"github.com/velocity-consumer/velocity-consumer/pkg/feature"
+	"github.com/velocity-consumer/velocity-consumer/pkg/service"
 	"github.com/velocity-consumer/velocity-consumer/schemas"
 )
 
@@ -1225,6 +1226,19 @@ func (r *run) finale() {
 	}
 	cancel()
 	tl.logf("settled in %s", time.Since(begin).Round(100*time.Millisecond))
+	// The first stages of re-keyed groups renew their idle leases only while
+	// the input is active (docs/repartition.md, "Renewals wait for input"): the
+	// quiet spell outlasts that hold, so that the last burst arrives on first
+	// stages that have stopped renewing, and checkpoint 1 holds their renewals
+	// to starting again in time for the groups' rows.
+	if len(r.groups) > 0 && len(r.groups[0].groups.rk) > 0 {
+		hold := service.RenewalHold(idleTimeout, allowedLateness) + 2*time.Second
+		tl.logf("quiet for %s more: the first stages' lease renewals stop", hold)
+		select {
+		case <-time.After(hold):
+		case <-r.ctx.Done():
+		}
+	}
 
 	const lastBurst = 1500
 	tl.logf("last burst: %d records over 1.5s", lastBurst)
