@@ -3,6 +3,7 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	crand "crypto/rand"
 	"encoding/binary"
@@ -436,6 +437,9 @@ type group struct {
 	groupCommits map[string]*commitTimeline
 	reqs         []*apiRequest
 	skipped      int
+	// quietFails: the finale found the first stages still renewing their
+	// idle leases late in a quiet spell past the renewal hold (finale).
+	quietFails []string
 }
 
 // run is one schedule over one input, consumed by a default-mode group and
@@ -655,7 +659,7 @@ func runChaos(t *testing.T, c *kafkatest.PrivateCluster, bin string, v variant, 
 	}
 	r.summary(ends)
 	for _, g := range r.groups {
-		fails := append(append([]string(nil), replayFails...), lateFails...)
+		fails := append(append(append([]string(nil), replayFails...), lateFails...), g.quietFails...)
 		gvin := vin
 		reordered := map[int32]map[string]bool{}
 		if vin.replay != nil {
@@ -1189,6 +1193,60 @@ func (r *run) selfExits(g *group) int {
 	return n
 }
 
+// quietRenewals waits, with no input, past the hold after which the first
+// stages of re-keyed groups stop renewing their idle leases (the hold counts
+// from the input's last activity, which ends once every input offset is
+// committed: a checkpoint interval after settling), and holds them to it: in
+// the quiet spell's last seconds nothing may reach a repartition topic, since
+// only renewals (and under exactly-once their commits) would. The repartition
+// topics carry the brokers' append times, so ListOffsetsAfterMilli gives the
+// first record appended after a moment.
+func (r *run) quietRenewals(adm *kadm.Client) {
+	const tail = 3 * time.Second
+	wait := service.RenewalHold(idleTimeout, allowedLateness) + checkpointInterval + 4*time.Second + tail
+	r.tl.logf("quiet for %s more: the first stages' lease renewals stop; none may reach a repartition topic in its last %s", wait, tail)
+	select {
+	case <-time.After(wait - tail):
+	case <-r.ctx.Done():
+		return
+	}
+	from := time.Now()
+	select {
+	case <-time.After(tail):
+	case <-r.ctx.Done():
+		return
+	}
+	for _, g := range r.groups {
+		for _, rk := range g.groups.rk {
+			topic := repartitionTopic(g.name, rk.name)
+			ctx, cancel := context.WithTimeout(r.ctx, 30*time.Second)
+			after, err := adm.ListOffsetsAfterMilli(ctx, from.UnixMilli(), topic)
+			var ends kadm.ListedOffsets
+			if err == nil {
+				ends, err = adm.ListEndOffsets(ctx, topic)
+			}
+			cancel()
+			if err == nil {
+				err = cmp.Or(after.Error(), ends.Error())
+			}
+			if err != nil {
+				r.note("group %s (%s): could not list %s's offsets after the quiet spell: %v", rk.name, g.mode, topic, err)
+				continue
+			}
+			n := int64(0)
+			ends.Each(func(e kadm.ListedOffset) {
+				if a, ok := after.Lookup(topic, e.Partition); ok {
+					n += e.Offset - a.Offset
+				}
+			})
+			r.tl.logf("group %s (%s): %d records reached %s in the quiet spell's last %s", rk.name, g.mode, n, topic, tail)
+			if n > 0 {
+				g.quietFails = append(g.quietFails, fmt.Sprintf("group %s: %d records reached %s in the last %s of a quiet spell %s past the input's last record: the first stages went on renewing their idle leases past the hold (docs/repartition.md, \"Renewals wait for input\")", rk.name, n, topic, tail, wait))
+			}
+		}
+	}
+}
+
 // finale brings the run to its checks: a settling time with no fault, a last
 // burst of input, then the checkpoints at which each group's topics are read:
 //
@@ -1232,12 +1290,7 @@ func (r *run) finale() {
 	// stages that have stopped renewing, and checkpoint 1 holds their renewals
 	// to starting again in time for the groups' rows.
 	if len(r.groups) > 0 && len(r.groups[0].groups.rk) > 0 {
-		hold := service.RenewalHold(idleTimeout, allowedLateness) + 2*time.Second
-		tl.logf("quiet for %s more: the first stages' lease renewals stop", hold)
-		select {
-		case <-time.After(hold):
-		case <-r.ctx.Done():
-		}
+		r.quietRenewals(adm)
 	}
 
 	const lastBurst = 1500
