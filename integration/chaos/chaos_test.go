@@ -474,6 +474,8 @@ type run struct {
 	// idleFrozen is closed when the last phase's idle freeze is over (nil:
 	// it had none).
 	idleFrozen chan struct{}
+	// hopRecs holds the repartition topics read back after the run, by topic.
+	hopRecs map[string]repartitionRead
 }
 
 func runChaos(t *testing.T, c *kafkatest.PrivateCluster, bin string, v variant, seed uint64, env chaosEnv) {
@@ -734,25 +736,41 @@ func runChaos(t *testing.T, c *kafkatest.PrivateCluster, bin string, v variant, 
 			// one, its key's outputs are held to the bounds of groupIdleExcuses
 			// and every other row to replay's; a late_after_idle dead letter
 			// leaves its key's windows short for longer, and a run with one holds
-			// the group to the accounting and exactly-once invariants only.
+			// the group to the accounting and exactly-once invariants only. Every
+			// one of them, counted or dead-lettered, must be one the idle rule
+			// can have let through with leased declarations (lease_test.go):
+			// a lost owner's declaration that never ran out passes the bounds
+			// above, and only this rule catches it.
 			if gin.replay != nil {
 				var outs []map[srcKey][]output
 				for _, cp := range rk.cps {
 					outs = append(outs, cp.outs)
 				}
 				ex, ooo, dead := groupIdleExcuses(gin.replay, outs, gen, r.prod.gen.txs, rk.out.codec)
+				kinds := map[string]int{}
+				for k := range ooo {
+					kind, _, _ := strings.Cut(gen[k], " ") // "<kind> <event id>"
+					kinds[kind]++
+				}
+				leaseNote := ""
+				if len(ooo) > 0 {
+					topic := repartitionTopic(g.name, rk.name)
+					if recs, _, err := r.repartitionRecords(topic, g.eos); err != nil {
+						fails = append(fails, fmt.Sprintf("group %s (%s): the idle lease rule not judged: read %s: %v", rk.name, g.mode, topic, err))
+					} else {
+						lf, within := checkGroupLeases(rk.name, g.mode, topic, recs, ooo, gen)
+						fails = append(fails, lf...)
+						leaseNote = fmt.Sprintf("; %d of them below the frontier a leased idle declaration allows (lease_test.go)", within)
+					}
+				}
 				switch {
 				case dead > 0:
 					r.note("group %s (%s): %d events dead-lettered late_after_idle; its rows are not held to replay's in this run", rk.name, g.mode, dead)
+					tl.logf("idle rule, group %s (%s): %d events counted out of order or dead-lettered late_after_idle (%d), by input kind %v%s;%s", rk.name, g.mode, len(ooo), dead, kinds, leaseNote, describeOffsets(ooo))
 					gin.replay = nil
 				default:
 					gin.excused = ex
-					kinds := map[string]int{}
-					for k := range ooo {
-						kind, _, _ := strings.Cut(gen[k], " ") // "<kind> <event id>"
-						kinds[kind]++
-					}
-					tl.logf("idle rule, group %s (%s): %d events counted out of order (late=true), by input kind %v; %d offsets held to replay's within its bounds only%s", rk.name, g.mode, len(ooo), kinds, len(ex), describeOffsets(ooo))
+					tl.logf("idle rule, group %s (%s): %d events counted out of order (late=true), by input kind %v%s; %d offsets held to replay's within its bounds only%s", rk.name, g.mode, len(ooo), kinds, leaseNote, len(ex), describeOffsets(ooo))
 				}
 			}
 			for _, cp := range rk.cps {

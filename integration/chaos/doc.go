@@ -21,7 +21,8 @@
 // The checks (check_test.go, where each invariant is written above the code
 // that checks it) read the input, features and dead-letter topics only, and
 // compare every output with what `velocity-consumer replay` of the same input
-// publishes. `go test -tags integration ./integration/chaos/` runs the short
+// publishes; a re-keyed group's are also judged by its repartition topic (the
+// query API's model, groupcheck_test.go, and the idle leases, lease_test.go). `go test -tags integration ./integration/chaos/` runs the short
 // schedule (CI); `make chaos` runs long ones. docs/fault-checker.md tells how
 // to run, read and reproduce a run.
 package chaos
