@@ -74,26 +74,48 @@ func TestRekeyedGroupThroughTheService(t *testing.T) {
 	}
 }
 
+// twoStages is a re-keyed group ("cur", keyed by currency) run by two services
+// on a fake cluster: the input's first stage and the group's second stage.
+type twoStages struct {
+	brokers            []string
+	comp               *definition.Compiled
+	specs              []definition.GroupSpec
+	hops               []pipeline.HopGroup
+	repTopic, groupOut string
+	first, second      Config
+	firstSvc           *Service
+}
+
+// startTwoStages produces st to a new fake cluster of the given partitions and
+// starts both stages over it, in the given mode, with an allowed lateness of
+// 500 ms (so a lease of 1 s) and the given idle timeout.
+func startTwoStages(t *testing.T, partitions int, st streamtest.Stream, eos bool, idle time.Duration) *twoStages {
+	t.Helper()
+	ts := &twoStages{brokers: newCluster(t, partitions), repTopic: "__velocity-repartition-g-cur", groupOut: "features.cur"}
+	produce(t, ts.brokers, st.Records)
+	ts.comp, ts.specs = compileGroups(t)
+	ts.hops = []pipeline.HopGroup{{Name: "cur", Topic: ts.repTopic, Words: ts.specs[1].Spec.Words()}}
+	store := checkpoint.NewMemoryStore()
+	first := testConfig(t, ts.brokers, store)
+	first.Specs, first.Features, first.Decoder, first.Hops = slices.Clone(ts.specs[0].Spec.Windows), ts.specs[0].Spec, ts.comp.Decoder(), ts.hops
+	first.Watermark = watermark.Config{AllowedLateness: 500, IdleTimeout: idle}
+	first.ExactlyOnce = eos
+	second := testConfig(t, ts.brokers, store)
+	second.Group, second.InputTopic, second.OutputTopic = "g.cur", ts.repTopic, ts.groupOut
+	second.Specs, second.Features, second.Merge = slices.Clone(ts.specs[1].Spec.Windows), ts.specs[1].Spec, &MergeGroup{Name: "cur"}
+	second.ExactlyOnce, second.Host = eos, "second"
+	ts.first, ts.second = first, second
+	ts.firstSvc, _ = startService(t, first)
+	startService(t, second)
+	return ts
+}
+
 func testRekeyedGroup(t *testing.T, eos bool) {
 	const partitions = 3
-	brokers := newCluster(t, partitions)
 	st := streamtest.Generate(inTopic, 5, 2000, partitions)
-	produce(t, brokers, st.Records)
-	comp, specs := compileGroups(t)
-	repTopic, groupOut := "__velocity-repartition-g-cur", "features.cur"
-	hops := []pipeline.HopGroup{{Name: "cur", Topic: repTopic, Words: specs[1].Spec.Words()}}
-	store := checkpoint.NewMemoryStore()
-
-	first := testConfig(t, brokers, store)
-	first.Specs, first.Features, first.Decoder, first.Hops = slices.Clone(specs[0].Spec.Windows), specs[0].Spec, comp.Decoder(), hops
-	first.Watermark = watermark.Config{AllowedLateness: 500, IdleTimeout: 400 * time.Millisecond}
-	first.ExactlyOnce = eos
-	second := testConfig(t, brokers, store)
-	second.Group, second.InputTopic, second.OutputTopic = "g.cur", repTopic, groupOut
-	second.Specs, second.Features, second.Merge = slices.Clone(specs[1].Spec.Windows), specs[1].Spec, &MergeGroup{Name: "cur"}
-	second.ExactlyOnce, second.Host = eos, "second"
-	startService(t, first)
-	startService(t, second)
+	ts := startTwoStages(t, partitions, st, eos, 400*time.Millisecond)
+	brokers, comp, specs, hops, repTopic, groupOut := ts.brokers, ts.comp, ts.specs, ts.hops, ts.repTopic, ts.groupOut
+	first, second := ts.first, ts.second
 
 	// The in-process two stages over the same records: the expected rows.
 	want := map[streamtest.Source][]byte{}
@@ -482,23 +504,9 @@ func TestLeaseRenewalsWaitForInput(t *testing.T) {
 
 func testLeaseRenewalsWaitForInput(t *testing.T, eos bool) {
 	const partitions = 3
-	brokers := newCluster(t, partitions)
 	st := streamtest.Generate(inTopic, 7, 300, partitions)
-	produce(t, brokers, st.Records)
-	comp, specs := compileGroups(t)
-	repTopic, groupOut := "__velocity-repartition-g-cur", "features.cur"
-	store := checkpoint.NewMemoryStore()
-	first := testConfig(t, brokers, store)
-	first.Specs, first.Features, first.Decoder = slices.Clone(specs[0].Spec.Windows), specs[0].Spec, comp.Decoder()
-	first.Hops = []pipeline.HopGroup{{Name: "cur", Topic: repTopic, Words: specs[1].Spec.Words()}}
-	first.Watermark = watermark.Config{AllowedLateness: 500, IdleTimeout: 300 * time.Millisecond} // a 1 s lease
-	first.ExactlyOnce = eos
-	second := testConfig(t, brokers, store)
-	second.Group, second.InputTopic, second.OutputTopic = "g.cur", repTopic, groupOut
-	second.Specs, second.Features, second.Merge = slices.Clone(specs[1].Spec.Windows), specs[1].Spec, &MergeGroup{Name: "cur"}
-	second.ExactlyOnce, second.Host = eos, "second"
-	svc, _ := startService(t, first)
-	startService(t, second)
+	ts := startTwoStages(t, partitions, st, eos, 300*time.Millisecond)
+	brokers, specs, repTopic, groupOut, svc := ts.brokers, ts.specs, ts.repTopic, ts.groupOut, ts.firstSvc
 
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(groupOut, repTopic), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
