@@ -73,17 +73,16 @@ type hopState struct {
 	// partition (repartition.NoWatermark before any).
 	sent []int64
 	// idleSent: the idle verdict went to every repartition partition since the
-	// last record this partition processed; declaredAt is when it last went
-	// (the declaration or its latest renewal), and now the caller's clock
-	// (Processor.SetClock).
-	idleSent        bool
-	declaredAt, now time.Time
-	lease           int64 // cfg.IdleLease in ms (0: none)
+	// last record this partition processed; renewedAt is when it last went (the
+	// declaration or its latest renewal) or a due renewal was last held back
+	// (inputQuiet), and now the caller's clock (Processor.SetClock).
+	idleSent       bool
+	renewedAt, now time.Time
+	lease          int64 // cfg.IdleLease in ms (0: none)
 	// inputQuiet is the caller's word that no partition of the input has
 	// received or still holds records to process for a while (SetInputQuiet): a
-	// renewal then waits, and heldAt is when one last did.
+	// due renewal then waits.
 	inputQuiet bool
-	heldAt     time.Time
 	rec        repartition.Record
 	buf        []byte
 	keyBuf     []byte
@@ -190,11 +189,12 @@ func (p *Processor) HopMarkers(quiet bool, emit func(*Output)) bool {
 	if h == nil {
 		return false
 	}
-	if quiet && h.idleSent && h.renewalDue() && h.inputQuiet {
-		h.heldAt = h.now // nothing for a renewal to cover: ask again a quarter lease on
-		quiet = false
+	idle := quiet && (!h.idleSent || h.renewalDue())
+	if idle && h.idleSent && h.inputQuiet {
+		h.renewedAt = h.now // nothing for a renewal to cover: ask again a quarter lease on
+		idle = false
 	}
-	return p.hopMarkers(quiet && (!h.idleSent || h.renewalDue()), h.lease, emit)
+	return p.hopMarkers(idle, h.lease, emit)
 }
 
 // SetInputQuiet tells a first stage whether the whole input topic has been quiet
@@ -238,31 +238,26 @@ func (p *Processor) hopMarkers(idle bool, lease int64, emit func(*Output)) bool 
 			if !idle && (!ok || wm <= *s) {
 				continue
 			}
-			if idle {
-				p.appendMarker(wm, true, lease)
-			} else {
-				p.appendMarker(wm, false, 0)
+			if !idle {
+				lease = 0
 			}
+			p.appendMarker(wm, idle, lease)
 			*s = max(*s, wm)
 			p.emitHop(g, int32(rp), nil, -1, 0, emit)
 		}
 	}
 	if idle {
-		h.idleSent, h.declaredAt = true, h.now
+		h.idleSent, h.renewedAt = true, h.now
 	}
 	return idle
 }
 
 // renewalDue reports whether a leased idle declaration is due for renewal: a
-// quarter of the lease has passed since it was last sent, which leaves the renewal
-// three quarters to reach the second stages (a broker check, a tick, a produce and,
-// under exactly-once, a commit).
+// quarter of the lease has passed since it was last sent (or held back), which
+// leaves the renewal three quarters to reach the second stages (a broker check, a
+// tick, a produce and, under exactly-once, a commit).
 func (h *hopState) renewalDue() bool {
-	last := h.declaredAt
-	if h.heldAt.After(last) {
-		last = h.heldAt
-	}
-	return h.idleSent && h.lease > 0 && h.now.Sub(last) >= time.Duration(h.lease)*time.Millisecond/4
+	return h.idleSent && h.lease > 0 && h.now.Sub(h.renewedAt) >= time.Duration(h.lease)*time.Millisecond/4
 }
 
 // AnnounceOwner sends, as a first stage that has just been given its partition, a
