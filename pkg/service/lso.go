@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -42,10 +43,11 @@ type lsoLookup struct {
 	waiting []lsoAsk
 	running bool // a loop is sending requests; it sends another while any ask waits
 
-	// Loop only: the end offsets of the last request that listed them, and when
-	// a request last found the input active.
+	// ends are the end offsets of the last request that listed them (loop
+	// only); activeAt is when a request last found the input active, in Unix
+	// nanoseconds (0: never), read by the workers (renewalsWanted).
 	ends     map[int32]int64
-	activeAt time.Time
+	activeAt atomic.Int64
 }
 
 // lsoAsk is one partition's question: its answer goes to out (buffered, and
@@ -94,7 +96,7 @@ func (l *lsoLookup) loop() {
 		ctx, cancel := context.WithTimeout(context.Background(), lsoTimeout)
 		listed, err := l.list(ctx)
 		if l.committed != nil && l.activity(ctx, listed, err) {
-			l.activeAt = last
+			l.activeAt.Store(last.UnixNano())
 		}
 		cancel()
 		for _, a := range batch {
@@ -104,7 +106,7 @@ func (l *lsoLookup) loop() {
 					end = o.Offset
 				}
 			}
-			a.out <- idleAnswer{idleQuestion: a.q, end: end, activeAt: l.activeAt}
+			a.out <- idleAnswer{a.q, end}
 		}
 	}
 }

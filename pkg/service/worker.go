@@ -84,10 +84,6 @@ type worker struct {
 	idleCheck    chan idleAnswer
 	idleChecking bool
 	quietGen     uint64
-	// inputActiveAt is the latest time an idle check's answer found the input
-	// topic active (idleAnswer.activeAt): a first stage renews its idle lease
-	// only while that is recent (renewalsWanted).
-	inputActiveAt time.Time
 
 	// held are records waiting for the decoder's Prepare (the schema registry
 	// was unreachable): the first could not be prepared, the rest arrived
@@ -575,9 +571,6 @@ func (w *worker) idleVerdict() bool {
 	select {
 	case a := <-w.idleCheck:
 		w.idleChecking = false
-		if a.activeAt.After(w.inputActiveAt) {
-			w.inputActiveAt = a.activeAt
-		}
 		if quiet && a.gen == w.quietGen && a.readTo == w.readTo && a.next == w.proc.Next() &&
 			time.Since(a.asked) <= w.s.cfg.Watermark.IdleTimeout &&
 			a.end >= 0 && a.end <= max(w.readTo, w.proc.Next()) {
@@ -595,8 +588,9 @@ func (w *worker) idleVerdict() bool {
 }
 
 // renewalsWanted reports whether a first stage's idle lease renewals are still
-// wanted: the input topic was last found active (records arrived somewhere, or
-// were not yet committed) less than renewalHold ago, or there is no word yet.
+// wanted: the idle checks (lsoLookup.activity) last found the input topic active
+// (records arrived somewhere, or were not yet committed) less than renewalHold
+// ago, or have no word yet.
 //
 // Why renewals may stop then (docs/repartition.md, "Renewals wait for
 // input"): a lease only has to outlast the records other sources send a second
@@ -614,7 +608,8 @@ func (w *worker) idleVerdict() bool {
 // hold of the idle timeout, two leases and the longest a check may take
 // (lsoTimeout) covers it with more than a lease to spare.
 func (w *worker) renewalsWanted() bool {
-	return w.inputActiveAt.IsZero() || time.Since(w.inputActiveAt) < w.s.renewalHold()
+	at := w.s.lso.activeAt.Load()
+	return at == 0 || time.Since(time.Unix(0, at)) < w.s.renewalHold()
 }
 
 // idleQuestion is what a partition knew when it asked for the idle verdict.
@@ -640,9 +635,6 @@ type idleQuestion struct {
 type idleAnswer struct {
 	idleQuestion
 	end int64
-	// activeAt is when the lookup last found the input topic active (lsoLookup.
-	// activity); zero when it does not look (no re-keyed groups) or never did.
-	activeAt time.Time
 }
 
 // updatePressure asks the poll loop to pause fetching this partition above the
